@@ -1,0 +1,74 @@
+"""The backend contract and registry.
+
+A backend turns a Trial into a BackendResult by running commands on a device Connection. It never
+talks to MLflow and never opens connections itself. New backends register through the
+`jbench.backends` entry-point group (see pyproject.toml), so adding one needs no core edit.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import ClassVar
+
+from ..device.connection import Connection
+from ..trial import BackendResult, Trial
+
+
+class BackendError(Exception):
+    """A trial-level failure. category is one of: unparseable_output, backend_crash, timeout,
+    missing_binary, missing_model, out_of_memory."""
+
+    def __init__(self, category: str, message: str, raw_output: str = "", raw_stderr: str = ""):
+        super().__init__(message)
+        self.category = category
+        self.raw_output = raw_output
+        self.raw_stderr = raw_stderr
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    quants: frozenset[str] = frozenset()  # empty: any quant the model source offers
+    kv_types: frozenset[str] = frozenset({"f16"})
+    flash_attention: bool = False
+    context_depth: bool = False
+    latency_scenario: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    NAME: ClassVar[str]
+    CAPABILITIES: ClassVar[Capabilities]
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    @abstractmethod
+    def validate(self, trial: Trial) -> list[str]:
+        """Problems with this trial found without touching a device (empty: valid)."""
+
+    @abstractmethod
+    def preflight(self, conn: Connection) -> list[str]:
+        """Problems found on the device before any trial runs (binaries missing, ...)."""
+
+    @abstractmethod
+    def run(self, trial: Trial, conn: Connection, log: logging.Logger) -> BackendResult:
+        """Run the trial; raise BackendError for a failure that belongs to this trial."""
+
+
+_BUILTIN = {"llamacpp": "jbench.backends.llamacpp:LlamaCppBackend"}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class registered under name (built-in or through entry points)."""
+    targets = dict(_BUILTIN)
+    for ep in entry_points(group="jbench.backends"):
+        targets.setdefault(ep.name, ep.value)
+    if name not in targets:
+        raise KeyError(f"unknown backend '{name}'. Valid backends: {', '.join(sorted(targets))}")
+    module_name, _, attr = targets[name].partition(":")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), attr)

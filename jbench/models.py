@@ -1,0 +1,113 @@
+"""Model files: quantization names and where a trial's GGUF file lives.
+
+Quant names come from the `gguf` package's LlamaFileType (the file types llama-quantize makes),
+so the list follows llama.cpp instead of a hand-made table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from . import paths
+
+
+class ModelError(Exception):
+    """A model that cannot be resolved; the message names the fix."""
+
+
+@lru_cache(maxsize=1)
+def quant_names() -> tuple[str, ...]:
+    """Valid quant names as users and llama-quantize spell them (Q4_K_M, Q8_0, F16, ...)."""
+    from gguf import LlamaFileType
+
+    names = []
+    for member in LlamaFileType:
+        if member.name == "GUESSED":
+            continue
+        names.append(member.name.replace("MOSTLY_", "").replace("ALL_", ""))
+    return tuple(names)
+
+
+def check_quant(quant: str) -> Optional[str]:
+    """None when valid, else the message listing the valid names."""
+    if quant in quant_names():
+        return None
+    close = [q for q in quant_names() if q.upper() == str(quant).upper()]
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown quant '{quant}'{hint}. Valid quants: {', '.join(quant_names())}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# The model store: bundled models installed and quantized by `jbench setup`.
+
+
+def store_dir(model_name: str) -> Path:
+    return paths.models_dir() / model_name
+
+
+def manifest_path(model_name: str) -> Path:
+    return store_dir(model_name) / "manifest.json"
+
+
+def load_manifest(model_name: str) -> dict:
+    path = manifest_path(model_name)
+    if not path.exists():
+        return {"files": {}}
+    return json.loads(path.read_text())
+
+
+def save_manifest(model_name: str, manifest: dict) -> None:
+    path = manifest_path(model_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def resolve_model_file(model: dict) -> tuple[str, dict]:
+    """Path (on the device) of the trial's model file, and facts to tag the run with.
+
+    Raises ModelError naming the fix when the file is not known.
+    """
+    quant = model["quant"]
+    name = model["name"]
+    if model.get("source") == "bundled":
+        entry = load_manifest(name).get("files", {}).get(quant)
+        if not entry or not Path(entry["path"]).exists():
+            ladder = model.get("ladder") or []
+            if quant not in ladder and quant != model.get("source_quant"):
+                raise ModelError(
+                    f"model '{name}' has no {quant} file: jbench setup derives only "
+                    f"{', '.join(ladder)}. Add {quant} to model.ladder and run `jbench setup`."
+                )
+            raise ModelError(f"model '{name}' {quant} is not installed: run `jbench setup`")
+        facts = {"model.sha256": entry["sha256"], "model.file": entry["path"]}
+        if entry.get("requantized_from"):
+            facts["model.requantized_from"] = entry["requantized_from"]
+            facts["model.quality_note"] = (
+                f"requantized from {entry['requantized_from']}: speed is real, quality is not a finding"
+            )
+        return entry["path"], facts
+    files = model.get("files") or {}
+    if quant in files:
+        return files[quant], {"model.file": files[quant]}
+    if model.get("path_template"):
+        path = model["path_template"].replace("{quant}", quant)
+        return path, {"model.file": path}
+    known = ", ".join(sorted(files)) or "none"
+    raise ModelError(
+        f"model '{name}' has no file for quant {quant} (known: {known}). "
+        f"Set model.files.{quant}=/path/on/device.gguf or model.path_template"
+    )

