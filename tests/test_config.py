@@ -1,0 +1,104 @@
+"""Config composition: typed groups, clear errors, user config dirs, and the installed wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jbench.config import ConfigError, available_choices, compose
+
+from .conftest import REPO
+
+
+def test_default_composition_and_choices():
+    cfg, choices = compose([])
+    assert choices == {"device": "local", "backend": "llamacpp", "model": "gemma3_270m", "tracking": "local"}
+    assert cfg.model.quant == "Q4_K_M" and cfg.backend.n_gen == 64 and cfg.device.kind == "local"
+
+
+def test_experiment_sets_grid_and_backend_values():
+    cfg, choices = compose(["+experiment=quant_ladder"])
+    assert choices["experiment"] == "quant_ladder"
+    assert list(cfg.sweep.grid["model.quant"]) == ["Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16"]
+    assert (cfg.backend.n_prompt, cfg.backend.n_gen, cfg.backend.repetitions) == (128, 64, 3)
+    assert cfg.experiment.name == "quant_ladder"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("model=nope", "unknown model 'nope'. Valid model names: gemma3_270m"),
+        ("+experiment=nope", "unknown experiment 'nope'. Valid experiment names: quant_ladder"),
+        ("device=lab_orin", "unknown device 'lab_orin'. Valid device names: local"),
+        ("backend=vllm", "unknown backend 'vllm'. Valid backend names: llamacpp"),
+        ("backend.n_gne=3", "unknown config key 'backend.n_gne'. Valid backend keys:"),
+        ("backend.n_gen=many", "bad value 'many' for backend.n_gen: expected Integer"),
+        ("backend.extra_args=5", "bad value for backend.extra_args: got int, expected a list"),
+        ("colour=red", "unknown config key 'colour'. Valid top-level keys: device, backend, model"),
+    ],
+)
+def test_bad_input_names_the_key_and_valid_values(override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose([override])
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)  # one message, not a traceback
+
+
+def test_user_config_dir_adds_models_experiments_and_devices(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_llm.yaml").write_text(
+        "defaults:\n  - model_schema\n  - _self_\nname: my_llm\nquant: Q8_0\nfiles:\n  Q8_0: /models/my-llm-q8.gguf\n"
+    )
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "my_exp.yaml").write_text(
+        "# @package _global_\nexperiment:\n  name: my_exp\nsweep:\n  grid:\n    backend.n_gen: [8, 16]\n"
+    )
+    cfg, choices = compose(["model=my_llm", "+experiment=my_exp"], [tmp_path])
+    assert cfg.model.files["Q8_0"] == "/models/my-llm-q8.gguf" and choices["model"] == "my_llm"
+    assert list(cfg.sweep.grid["backend.n_gen"]) == [8, 16]
+    assert available_choices("model", [tmp_path]) == ["gemma3_270m", "my_llm"]
+    # A user file is typed like the packaged ones.
+    (tmp_path / "model" / "bad.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: bad\nquant: Q8_0\nsize: 3\n")
+    with pytest.raises(ConfigError, match="unknown config key 'model.size'"):
+        compose(["model=bad"], [tmp_path])
+
+
+def test_config_dir_from_environment(tmp_path, monkeypatch):
+    from jbench.config import user_config_dirs
+
+    monkeypatch.setenv("JBENCH_CONFIG_PATH", str(tmp_path))
+    assert user_config_dirs() == [tmp_path.resolve()]
+    monkeypatch.setenv("JBENCH_CONFIG_PATH", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        user_config_dirs()
+
+
+def test_installed_wheel_carries_the_config_tree(tmp_path):
+    """Build the wheel, install it into a fresh target dir, and compose from it (not the checkout)."""
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(REPO)],
+        check=True, capture_output=True,
+    )
+    wheel = next(wheel_dir.glob("jbench-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for needed in ("jbench/conf/config.yaml", "jbench/conf/model/gemma3_270m.yaml",
+                   "jbench/conf/experiment/quant_ladder.yaml", "jbench/cli.py"):
+        assert needed in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    code = (
+        "import jbench, jbench.config as c; "
+        "cfg, ch = c.compose(['+experiment=quant_ladder']); "
+        "print(jbench.__file__); print(cfg.experiment.name, len(cfg.sweep.grid['model.quant']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(target)}, check=True).stdout.splitlines()
+    assert out[0].startswith(str(target))
+    assert out[1] == "quant_ladder 6"
