@@ -102,3 +102,11 @@ def test_installed_wheel_carries_the_config_tree(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(target)}, check=True).stdout.splitlines()
     assert out[0].startswith(str(target))
     assert out[1] == "quant_ladder 6"
+
+
+def test_pyproject_lists_every_package():
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "jbench").rglob("__init__.py")}
+    assert found | {"jbench.conf"} == listed

@@ -101,3 +101,9 @@ def test_malformed_override_is_one_clear_message():
         plan(["backend.n_gen=[1,2"])
     with pytest.raises(ConfigError, match="one experiment per sweep"):
         plan(["+experiment=a,b"])
+
+
+def test_single_value_on_the_command_line_pins_a_grid_dimension():
+    p = plan(["+experiment=quant_ladder", "model.quant=Q8_0"])
+    assert len(p.trials) == 1 and p.trials[0].config["model"]["quant"] == "Q8_0"
+    assert "model.quant" not in p.dims

@@ -35,6 +35,12 @@ class Plan:
 
 def split_overrides(args: list[str]) -> tuple[list[str], dict[str, list]]:
     """(plain overrides for composition, sweep dimensions {key: [values]}) from CLI overrides."""
+    plain, dims, _ = _parse_overrides(args)
+    return plain, dims
+
+
+def _parse_overrides(args: list[str]) -> tuple[list[str], dict[str, list], set[str]]:
+    """Also returns the keys given a single value, which pin a grid dimension to that value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -44,10 +50,11 @@ def split_overrides(args: list[str]) -> tuple[list[str], dict[str, list]]:
         raise ConfigError(
             f"malformed override: {str(exc).splitlines()[0]}. Overrides look like key=value, group=name or key=a,b,c"
         ) from None
-    plain, dims = [], {}
+    plain, dims, pinned = [], {}, set()
     for ov in parsed:
         if not ov.is_sweep_override():
             plain.append(ov.input_line)
+            pinned.add(ov.key_or_group)
             continue
         key = ov.key_or_group
         if key == "experiment":
@@ -56,7 +63,7 @@ def split_overrides(args: list[str]) -> tuple[list[str], dict[str, list]]:
             raise ConfigError(f"cannot sweep over a key that is being added ({ov.input_line}); sweep existing keys")
         values = list(ov.sweep_string_iterator()) if key in GROUP_DIMS else list(ov.sweep_iterator())
         dims[key] = values
-    return plain, dims
+    return plain, dims, pinned
 
 
 def _references(value: Any, out: set[str]) -> None:
@@ -101,7 +108,7 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
 
     from ..backends.base import backend_class
 
-    plain, cli_dims = split_overrides(overrides)
+    plain, cli_dims, pinned = _parse_overrides(overrides)
     first_cfg, first_choices = compose(plain, config_dirs)
     grid = OmegaConf.to_container(first_cfg.sweep.grid, resolve=True) if use_grid else {}
     if not use_grid and cli_dims:
@@ -110,6 +117,8 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         )
     dims: dict[str, list] = {}
     for key, values in grid.items():
+        if key in pinned:
+            continue  # `model.quant=Q8_0` on the command line pins the grid's model.quant dimension
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.grid.{key} must be a non-empty list of values")
         dims[key] = values

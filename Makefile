@@ -1,0 +1,42 @@
+# jbench: the commands README.md promises. Everything goes into .venv; builds and models into
+# $JBENCH_CACHE_DIR (default ~/.cache/jbench); results into ./results.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install setup demo test test-fast bench ui clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Build llama.cpp (CPU; CUDA when nvcc and a GPU are found), fetch and quantize the bundled model.
+setup: $(STAMP)
+	$(BIN)/jbench setup
+
+# The main job on the embedded default: the quantization ladder on this machine, into MLflow.
+demo: setup
+	$(BIN)/jbench sweep +experiment=quant_ladder
+	@echo
+	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open http://127.0.0.1:5000"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# Unit tests only (no llama.cpp runs).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+bench: setup
+	$(BIN)/python bench/overhead.py
+
+ui: $(STAMP)
+	$(BIN)/jbench ui
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
