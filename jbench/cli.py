@@ -97,6 +97,16 @@ def _summary_table(outcome) -> Table:
     return table
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (a CI job cancelled, `kill`) unwinds like Ctrl-C, so devices are restored."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _execute(plan_, dry_run: bool) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -133,6 +143,7 @@ def _execute(plan_, dry_run: bool) -> None:
         console.print(f"tracking to {t.uri}", highlight=False)
         return t
 
+    _sigterm_as_interrupt()
     with progress:
         task = progress.add_task("", total=len(plan_.trials))
 
@@ -216,6 +227,106 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
     except (ConfigError, SetupError) as exc:
         raise _fail(str(exc)) from None
     say(f"ready in {time.monotonic() - started:.0f} s. Next: jbench sweep +experiment=quant_ladder")
+
+
+def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
+    """(device, profile or None, backend) for a device entry, through the same composition as sweeps."""
+    from omegaconf import OmegaConf
+
+    from .config import ConfigError, compose, load_profile, user_config_dirs
+
+    try:
+        dirs = user_config_dirs(list(config_dirs))
+        cfg, _ = compose([f"device={name}"], dirs)
+        device = OmegaConf.to_container(cfg.device, resolve=True)
+        backend = OmegaConf.to_container(cfg.backend, resolve=True)
+        profile = load_profile(device["profile"], dirs) if device.get("profile") else None
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    return device, profile, backend
+
+
+def _checks_table(title: str, checks) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("item", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    colors = {"pass": "green", "warn": "yellow", "fail": "red", "info": "blue"}
+    for c in checks:
+        table.add_row(c.item, f"[{colors[c.status]}]{c.status}[/]", c.detail, c.fix)
+    return table
+
+
+@main.group()
+def devices() -> None:
+    """The device inventory: device/*.yaml in jbench's conf and your config dirs."""
+
+
+@devices.command("list")
+@_config_dir_option
+def devices_list(config_dirs) -> None:
+    """List the devices jbench knows."""
+    from .config import ConfigError, available_choices, user_config_dirs
+
+    try:
+        names = available_choices("device", user_config_dirs(list(config_dirs)))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    table = Table(title="devices", title_justify="left")
+    for col in ("name", "kind", "address", "profile", "tags"):
+        table.add_column(col)
+    for name in names:
+        device, _, _ = _device_config(name, config_dirs)
+        address = "this machine" if device["kind"] == "local" else \
+            f"{device.get('user') + '@' if device.get('user') else ''}{device.get('host')}:{device.get('port')}"
+        tags = ", ".join(f"{k}={v}" for k, v in (device.get("tags") or {}).items())
+        table.add_row(name, device["kind"], address, device.get("profile") or "-", tags)
+    console.print(table)
+
+
+@devices.command("check")
+@click.argument("names", nargs=-1)
+@_config_dir_option
+def devices_check(names, config_dirs) -> None:
+    """Check reachability, sudo rights and tools of NAMES (default: every device)."""
+    from .config import available_choices, user_config_dirs
+    from .device.connection import DeviceError, connect
+    from .device.doctor import check_device, worst
+
+    names = names or available_choices("device", user_config_dirs(list(config_dirs)))
+    failed = False
+    for name in names:
+        device, _, backend = _device_config(name, config_dirs)
+        try:
+            with connect(device) as conn:
+                checks = check_device(conn, device, backend.get("binary_dir") if device["kind"] != "local" else None)
+        except DeviceError as exc:
+            from .device.doctor import Check
+
+            checks = [Check("reachable", "fail", str(exc))]
+        failed |= worst(checks) == "fail"
+        console.print(_checks_table(f"device {name}", checks))
+    if failed:
+        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+
+
+@main.command()
+@click.argument("device_name", metavar="DEVICE")
+@_config_dir_option
+def doctor(device_name: str, config_dirs) -> None:
+    """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap."""
+    from .device.connection import DeviceError, connect
+    from .device.doctor import doctor as run_doctor
+    from .device.doctor import worst
+
+    device, profile, _ = _device_config(device_name, config_dirs)
+    try:
+        with connect(device) as conn:
+            checks = run_doctor(conn, device, profile)
+    except DeviceError as exc:
+        raise _fail(str(exc)) from None
+    console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile['module']})" if profile else ""), checks))
+    if worst(checks) == "fail":
+        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
 
 
 @main.command()

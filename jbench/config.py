@@ -20,6 +20,17 @@ from hydra.core.config_store import ConfigStore
 
 
 @dataclass
+class DevicePaths:
+    """Where jbench reads Jetson facts on the device (defaults are L4T's own paths)."""
+
+    nvpmodel_conf: str = "/etc/nvpmodel.conf"
+    device_tree_model: str = "/proc/device-tree/model"
+    tegra_release: str = "/etc/nv_tegra_release"
+    # jbench's own files on the device (power state file, jetson_clocks store); "~" = the login user's home.
+    state_dir: str = "~/.cache/jbench"
+
+
+@dataclass
 class DeviceConfig:
     """What a device is and how to reach it (the inventory entry)."""
 
@@ -30,10 +41,57 @@ class DeviceConfig:
     user: Optional[str] = None
     port: int = 22
     key: Optional[str] = None
+    # A module profile name from conf/profile (orin_nano_8gb, agx_orin_64gb, ...); None: not a Jetson.
     profile: Optional[str] = None
-    # Scratch directory on the device for raw outputs; "~" is the device user's home.
-    work_dir: str = "~/.cache/jbench/device"
+    # known_hosts file to verify the host key against; None: the user's ~/.ssh/known_hosts.
+    known_hosts: Optional[str] = None
+    # Explicit opt-in to record an unknown host key (trust on first use).
+    accept_new_host_key: bool = False
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 15.0
+    # Jump host as user@host:port (ProxyJump); same host-key rules.
+    jump: Optional[str] = None
+    # Name of an environment variable holding the sudo password (passwordless sudoers is preferred).
+    sudo_password_env: Optional[str] = None
+    paths: DevicePaths = field(default_factory=DevicePaths)
     tags: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ProfileConfig:
+    """A Jetson module: datasheet facts and where its telemetry lives."""
+
+    name: str = "???"
+    module: str = "???"
+    soc: str = "???"
+    gpu_arch: str = "???"
+    # Datasheet DRAM bandwidth; effective bandwidth is lower (about 70-80 %).
+    memory_bandwidth_gbs: float = "???"  # type: ignore[assignment]
+    ram_gb: float = "???"  # type: ignore[assignment]
+    # Rails whose sum is the board input power; [] = the documented rule (VDD_IN/POM_5V_IN/VIN, or the module's sum).
+    power_rails: List[str] = field(default_factory=list)
+    gpu_rail: Optional[str] = None
+    cpu_rail: Optional[str] = None
+    gpu_devfreq: Optional[str] = None
+    emc_clock: Optional[str] = None
+    # Temperature above which a trial is flagged as possibly throttled; None: not known for this module.
+    throttle_temp_c: Optional[float] = None
+    # Mode names this module usually offers (documentation only: ids and the real list come from the device).
+    power_modes: List[str] = field(default_factory=list)
+    # Substrings of /proc/device-tree/model that identify the module.
+    model_match: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PowerConfig:
+    """The power state a trial runs in. None leaves that setting as the device has it."""
+
+    mode: Optional[str] = None
+    jetson_clocks: Optional[bool] = None
+    # "max" runs `jetson_clocks --fan`; None leaves the fan alone.
+    fan: Optional[str] = None
+    allow_reboot: bool = False
+    reboot_timeout_s: float = 300.0
 
 
 @dataclass
@@ -112,6 +170,7 @@ class JBenchConfig:
     backend: Any = "???"
     model: Any = "???"
     tracking: Any = "???"
+    power: PowerConfig = field(default_factory=PowerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
@@ -126,6 +185,7 @@ def register_schemas() -> None:
     cs.store(group="device", name="device_schema", node=DeviceConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="tracking", name="tracking_schema", node=TrackingConfig)
+    cs.store(group="profile", name="profile_schema", node=ProfileConfig)
     for name, schema in BACKEND_SCHEMAS.items():
         cs.store(group="backend", name=f"{name}_schema", node=schema)
 
@@ -220,7 +280,7 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
     return cfg, choices
 
 
-_GROUPS = ("device", "backend", "model", "experiment", "tracking")
+_GROUPS = ("device", "backend", "model", "experiment", "tracking", "profile")
 
 
 def explain_compose_error(exc: Exception, config_dirs: list[Path]) -> str:
@@ -274,6 +334,7 @@ def _valid_keys_hint(dotted: str) -> str:
         "tracking": TrackingConfig,
         "experiment": ExperimentConfig,
         "sweep": SweepConfig,
+        "power": PowerConfig,
     }.get(section)
     if section == "backend":
         names = sorted({f.name for s in BACKEND_SCHEMAS.values() for f in dataclasses.fields(s)})
@@ -281,3 +342,21 @@ def _valid_keys_hint(dotted: str) -> str:
     if schema is None:
         return f"Valid top-level keys: {', '.join(f.name for f in dataclasses.fields(JBenchConfig))}"
     return f"Valid {section} keys: {', '.join(f.name for f in dataclasses.fields(schema))}"
+
+
+def load_profile(name: str, config_dirs: Optional[List[Path]] = None) -> dict:
+    """A module profile by name (packaged conf/profile or the user's config dirs), as a plain dict."""
+    from hydra import compose as hydra_compose
+    from omegaconf import OmegaConf
+
+    valid = available_choices("profile", config_dirs)
+    if name not in valid:
+        raise ConfigError(f"unknown profile '{name}'. Valid profiles: {', '.join(valid)}")
+    dirs = config_dirs or []
+    with _initialized():
+        try:
+            cfg = hydra_compose(config_name=f"profile/{name}", overrides=searchpath_override(dirs))
+        except Exception as exc:
+            raise ConfigError(f"profile '{name}': {explain_compose_error(exc, dirs)}") from None
+    node = cfg.get("profile", cfg)
+    return OmegaConf.to_container(node, resolve=True)

@@ -12,10 +12,12 @@ from typing import Any, Optional
 _NON_SEMANTIC = {
     "tracking": None,
     "sweep": None,
+    "profile": None,
     "experiment": None,
     "backend": {"timeout_s", "binary_dir"},
     "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
-    "device": {"host", "user", "port", "key", "work_dir", "tags"},
+    "device": {"host", "user", "port", "key", "tags", "known_hosts", "accept_new_host_key", "connect_timeout_s",
+               "keepalive_s", "jump", "sudo_password_env", "paths"},
 }
 
 

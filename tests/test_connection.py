@@ -30,7 +30,7 @@ def test_missing_program_and_timeout():
 
 
 def test_unknown_device_kind():
-    with pytest.raises(DeviceError, match="kind 'telnet' is not supported"):
+    with pytest.raises(DeviceError, match="kind 'telnet' is not supported. Valid kinds: local, ssh"):
         connect({"name": "x", "kind": "telnet"})
 
 

@@ -55,8 +55,13 @@ class Connection(ABC):
         timeout: Optional[float] = None,
         env: Optional[dict[str, str]] = None,
         cwd: Optional[str] = None,
+        sudo: bool = False,
+        stdin: Optional[str] = None,
     ) -> CommandResult:
-        """Run argv to completion. Never raises for a non-zero exit; raises CommandTimeout."""
+        """Run argv to completion (as root through sudo when asked, with stdin text if given).
+
+        Never raises for a non-zero exit; raises CommandTimeout, or DeviceError when the device
+        cannot be reached."""
 
     @abstractmethod
     def exists(self, path: str) -> bool: ...
@@ -82,8 +87,11 @@ class LocalConnection(Connection):
     def __init__(self, name: str = "local"):
         self.name = name
 
-    def run(self, argv, *, timeout=None, env=None, cwd=None) -> CommandResult:
+    def run(self, argv, *, timeout=None, env=None, cwd=None, sudo=False, stdin=None) -> CommandResult:
         argv = [str(a) for a in argv]
+        shown = argv
+        if sudo and os.geteuid() != 0:
+            argv = ["sudo", "-n", "--", *argv]
         full_env = None
         if env:
             full_env = dict(os.environ)
@@ -98,7 +106,8 @@ class LocalConnection(Connection):
                 timeout=timeout,
                 env=full_env,
                 cwd=cwd,
-                stdin=subprocess.DEVNULL,
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as exc:
             raise CommandTimeout(f"{shlex.join(argv)} did not finish within {timeout:g} s") from exc
@@ -106,7 +115,7 @@ class LocalConnection(Connection):
             return CommandResult(argv, 127, "", f"{argv[0]}: not found ({exc.strerror})", time.monotonic() - start)
         except PermissionError as exc:
             return CommandResult(argv, 126, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
-        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+        return CommandResult(shown, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
     def exists(self, path: str) -> bool:
         return Path(self.expand_path(path)).exists()
@@ -115,9 +124,36 @@ class LocalConnection(Connection):
         return os.path.expanduser(path)
 
 
+def _jump_connection(spec: str, device: dict) -> Connection:
+    """device.jump 'user@host:port' -> an SSH connection to the jump host (same host-key rules)."""
+    from .ssh import SSHConnection
+
+    user, _, hostport = spec.rpartition("@")
+    host, _, port = hostport.partition(":")
+    return SSHConnection(f"{device['name']}-jump", host, port=int(port or 22), user=user or None,
+                         key=device.get("key"), known_hosts=device.get("known_hosts"),
+                         accept_new_host_key=bool(device.get("accept_new_host_key")),
+                         connect_timeout=float(device.get("connect_timeout_s", 10)))
+
+
 def connect(device: dict) -> Connection:
-    """Open the connection a device config asks for."""
+    """Open the connection a device config asks for (SSH connects here: errors come early)."""
     kind = device.get("kind", "local")
     if kind == "local":
         return LocalConnection(device.get("name", "local"))
-    raise DeviceError(f"device '{device.get('name')}': kind '{kind}' is not supported. Valid kinds: local")
+    if kind == "ssh":
+        from .ssh import SSHConnection
+
+        if not device.get("host"):
+            raise DeviceError(f"device '{device.get('name')}': kind ssh needs device.host")
+        conn = SSHConnection(
+            device["name"], device["host"], port=int(device.get("port") or 22), user=device.get("user"),
+            key=device.get("key"), known_hosts=device.get("known_hosts"),
+            accept_new_host_key=bool(device.get("accept_new_host_key")),
+            connect_timeout=float(device.get("connect_timeout_s", 10)),
+            keepalive_s=float(device.get("keepalive_s", 15)),
+            jump=_jump_connection(device["jump"], device) if device.get("jump") else None,
+            sudo_password_env=device.get("sudo_password_env"),
+        )
+        return conn.open()
+    raise DeviceError(f"device '{device.get('name')}': kind '{kind}' is not supported. Valid kinds: local, ssh")

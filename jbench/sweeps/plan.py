@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..config import ConfigError, compose, explain_compose_error
+from ..config import ConfigError, compose, explain_compose_error, load_profile
 from ..trial import Trial, config_hash
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
@@ -153,6 +153,9 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         slow = any(_overlaps(r, k) for r in refs for k in value_dims)
         base = OmegaConf.to_container(cfg, resolve=True)
         base.pop("sweep", None)
+        if base["device"].get("profile"):
+            # The module profile travels with the trial (roofline, telemetry rails, findings).
+            base["profile"] = load_profile(base["device"]["profile"], config_dirs)
         tracking = tracking or base["tracking"]
         experiment = base["experiment"]["name"]
         value_keys = list(converted)
@@ -164,6 +167,8 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
                     OmegaConf.update(trial_cfg, k, v, merge=False)
                 config = OmegaConf.to_container(trial_cfg, resolve=True)
                 config.pop("sweep", None)
+                if "profile" in base:
+                    config["profile"] = copy.deepcopy(base["profile"])
             else:
                 config = copy.deepcopy(base)
                 for k, v in point.items():

@@ -21,6 +21,8 @@ from ..analysis.stats import describe
 from ..backends.base import Backend, BackendError, backend_class
 from ..device.connection import Connection, DeviceError, connect
 from ..device.fingerprint import host_fingerprint
+from ..device.jetson import jetson_fingerprint
+from ..device.power import PowerStateError, PowerStrategy
 from ..models import resolve_model_file
 from ..trial import BackendResult, Trial, flatten
 from .plan import Plan
@@ -101,6 +103,11 @@ def _backend_for(trial: Trial, cache: dict[str, Backend]) -> Backend:
     return cache[key]
 
 
+def _wants_power(trial: Trial) -> bool:
+    power = trial.config.get("power") or {}
+    return power.get("mode") is not None or power.get("jetson_clocks") is not None or power.get("fan") is not None
+
+
 def run_plan(
     plan: Plan,
     *,
@@ -108,35 +115,79 @@ def run_plan(
     on_trial_start: Callable[[Trial], None] = lambda t: None,
     on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
 ) -> SweepOutcome:
-    """Preflight every device and backend, then run each trial in order."""
+    """Preflight every device and backend, then run each trial in order.
+
+    Devices whose trials ask for a power state get their original state saved first and restored
+    at the end, whatever happens (an exception, Ctrl-C or SIGTERM turned into KeyboardInterrupt).
+    """
     backends: dict[str, Backend] = {}
     connections: dict[str, Connection] = {}
     fingerprints: dict[str, dict[str, str]] = {}
+    strategies: dict[str, PowerStrategy] = {}
+    saved: list[PowerStrategy] = []
     try:
         # Preflight: reach every device and check every backend before the first trial.
-        problems = []
+        problems: list[str] = []
         for trial in plan.trials:
             dev = trial.config["device"]
-            if dev["name"] not in connections:
+            name = dev["name"]
+            if name not in connections:
                 try:
-                    connections[dev["name"]] = connect(dev)
-                    fingerprints[dev["name"]] = host_fingerprint(connections[dev["name"]])
+                    connections[name] = connect(dev)
+                    fingerprints[name] = host_fingerprint(connections[name])
+                    if dev.get("profile"):
+                        fingerprints[name].update(jetson_fingerprint(connections[name], dev["paths"]))
+                        strategies[name] = PowerStrategy(connections[name], dev, log)
                 except DeviceError as exc:
                     problems.append(str(exc))
+                    connections.pop(name, None)
                     continue
             backend = _backend_for(trial, backends)
-            for msg in backend.preflight(connections[dev["name"]]):
+            for msg in backend.preflight(connections[name]):
                 if msg not in problems:
                     problems.append(msg)
+            if _wants_power(trial):
+                strategy = strategies.get(name)
+                if strategy is None:
+                    problems.append(f"trial {trial.label} sets power.* but device '{name}' has no Jetson profile "
+                                    "(set device.profile)")
+                    continue
+                try:
+                    if trial.config["power"].get("mode") is not None:
+                        strategy.mode_id(trial.config["power"]["mode"])
+                except DeviceError as exc:
+                    if str(exc) not in problems:
+                        problems.append(str(exc))
+        for name in {t.config["device"]["name"] for t in plan.trials if _wants_power(t)}:
+            if name in strategies and not problems:
+                try:
+                    strategies[name].check_sudo()
+                except DeviceError as exc:
+                    problems.append(str(exc))
         if problems:
             raise PreflightError("\n".join(problems))
-        return _run_trials(plan, backends, connections, fingerprints, tracker_factory(), on_trial_start, on_trial_end)
+        # A controller that died earlier may have left a device in a changed state: put it back first.
+        for strategy in strategies.values():
+            strategy.recover_leftover()
+        for name in dict.fromkeys(t.config["device"]["name"] for t in plan.trials if _wants_power(t)):
+            strategies[name].save_original()
+            saved.append(strategies[name])
+        return _run_trials(plan, backends, connections, fingerprints, strategies, tracker_factory(),
+                           on_trial_start, on_trial_end)
     finally:
+        for strategy in saved:
+            try:
+                strategy.log = log
+                if not strategy.restore(allow_reboot=True):
+                    log.error("the power state of %s was not fully restored; jbench will retry at its next start",
+                              strategy.conn.name)
+            except Exception as exc:  # keep restoring the other devices
+                log.error("restoring the power state of %s failed: %s", strategy.conn.name, exc)
         for conn in connections.values():
             conn.close()
 
 
-def _run_trials(plan, backends, connections, fingerprints, tracker, on_trial_start, on_trial_end) -> SweepOutcome:
+def _run_trials(plan, backends, connections, fingerprints, strategies, tracker, on_trial_start, on_trial_end) -> SweepOutcome:
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     exp_name = plan.tracking.get("experiment_name") or plan.experiment
     exp_id = tracker.experiment_id(exp_name)
@@ -156,7 +207,8 @@ def _run_trials(plan, backends, connections, fingerprints, tracker, on_trial_sta
             dev_name = trial.config["device"]["name"]
             current = TrialOutcome(trial, "RUNNING")
             outcome = _run_one(trial, _backend_for(trial, backends), connections[dev_name],
-                               fingerprints[dev_name], tracker, exp_id, parent, common_tags, current)
+                               fingerprints[dev_name], strategies.get(dev_name), tracker, exp_id, parent,
+                               common_tags, current)
             outcomes.append(outcome)
             current = None
             on_trial_end(outcome)
@@ -175,7 +227,7 @@ def _run_trials(plan, backends, connections, fingerprints, tracker, on_trial_sta
     return SweepOutcome(sweep_id, exp_name, parent, tracker.uri, outcomes)
 
 
-def _run_one(trial, backend, conn, fingerprint, tracker, exp_id, parent, common_tags, outcome) -> TrialOutcome:
+def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, parent, common_tags, outcome) -> TrialOutcome:
     cfg = trial.config
     params = flatten(cfg)
     params.update({f"choice.{k}": v for k, v in trial.choices.items()})
@@ -203,7 +255,19 @@ def _run_one(trial, backend, conn, fingerprint, tracker, exp_id, parent, common_
     files = {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}
     tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
     try:
+        if _wants_power(trial):
+            power = trial.config["power"]
+            strategy.log = tlog.logger
+            changes = strategy.apply(power["mode"], power["jetson_clocks"], allow_reboot=power["allow_reboot"],
+                                     reboot_timeout_s=power["reboot_timeout_s"], fan=power["fan"])
+            snap = strategy.current()
+            tracker.log(outcome.run_id, tags={"power.mode_actual": snap.mode, "power.mode_id": snap.mode_id,
+                                              "power.jetson_clocks_actual": snap.clocks_locked,
+                                              "power.changes": "; ".join(changes) or "none"})
         result = backend.run(trial, conn, tlog.logger)
+    except PowerStateError as exc:
+        outcome.status, outcome.error, outcome.category = "FAILED", str(exc), "power_state"
+        tlog.logger.error("FAILED (power_state): %s", exc)
     except BackendError as exc:
         outcome.status, outcome.error, outcome.category = "FAILED", str(exc), exc.category
         tlog.logger.error("FAILED (%s): %s", exc.category, exc)
