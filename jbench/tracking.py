@@ -110,6 +110,36 @@ class Tracker:
             self.client.log_batch(run_id, metrics=m[:1000], params=p[:_BATCH], tags=t[:_BATCH])
             p, t, m = p[_BATCH:], t[_BATCH:], m[1000:]
 
+    def log_series(self, run_id: str, series: dict[str, list[tuple[float, float]]]) -> None:
+        """Time series as metrics with their own timestamps (epoch seconds), one step per sample,
+        so the MLflow UI charts them against wall time (e.g. system/device/power_w)."""
+        metrics = [Metric(key, float(v), int(t * 1000), step)
+                   for key, points in series.items() for step, (t, v) in enumerate(points) if _finite(v)]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+
+    def log_files(self, run_id: str, files: dict[str, Path]) -> None:
+        """Existing files as artifacts: {artifact dir ('' for the root): local path}."""
+        for artifact_dir, path in files.items():
+            self.client.log_artifact(run_id, str(path), artifact_path=artifact_dir or None)
+
+    def finished_config_hashes(self, experiment_id: str) -> dict[str, str]:
+        """config hash -> run id of FINISHED trial runs in the experiment (for resuming sweeps)."""
+        found: dict[str, str] = {}
+        token = None
+        while True:
+            page = self.client.search_runs(
+                [experiment_id], filter_string="attributes.status = 'FINISHED' and tags.`jbench.kind` = 'trial'",
+                max_results=5000, page_token=token,
+            )
+            for run in page:
+                h = run.data.tags.get("jbench.config_hash")
+                if h:
+                    found.setdefault(h, run.info.run_id)
+            token = page.token
+            if not token:
+                return found
+
     def log_texts(self, run_id: str, files: dict[str, str]) -> None:
         """Artifacts given as {relative path: text}, uploaded in one call."""
         if not files:
