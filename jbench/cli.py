@@ -152,6 +152,8 @@ def _execute(plan_, dry_run: bool) -> None:
 
         def end(outcome):
             progress.advance(task)
+            for finding in outcome.findings:
+                progress.console.print(f"[yellow]trial {outcome.trial.index} finding:[/] {finding}", highlight=False)
             if outcome.status != "FINISHED":
                 progress.console.print(
                     f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {outcome.error}", highlight=False
@@ -167,6 +169,9 @@ def _execute(plan_, dry_run: bool) -> None:
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(130) from None
     console.print(_summary_table(result))
+    notes = sorted({n for o in result.outcomes for n in o.notes})
+    for note in notes:  # said once per sweep, not once per trial
+        err_console.print(f"[yellow]energy not measured:[/] {note}", highlight=False)
     console.print(f"results: {result.tracking_uri} (experiment '{result.experiment}'); "
                   f"browse them with `jbench ui`", highlight=False)
     if result.failed:

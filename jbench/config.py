@@ -83,6 +83,27 @@ class ProfileConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    """Sampling on the device during each trial (see jbench/device/telemetry/samplers.py)."""
+
+    # auto | tegrastats | jtop | nvml | sysfs | none
+    source: str = "auto"
+    interval_ms: int = 100
+    # Idle baseline sampled before the backend starts, and cooldown after it ends.
+    idle_s: float = 3.0
+    cooldown_s: float = 2.0
+    # Run a phase again, longer, when its speed window is shorter than energy.min_window_s.
+    energy_pass: bool = True
+
+
+@dataclass
+class EnergyConfig:
+    min_window_s: float = 5.0
+    min_samples: int = 5
+    min_coverage: float = 0.9
+
+
+@dataclass
 class PowerConfig:
     """The power state a trial runs in. None leaves that setting as the device has it."""
 
@@ -171,6 +192,8 @@ class JBenchConfig:
     model: Any = "???"
     tracking: Any = "???"
     power: PowerConfig = field(default_factory=PowerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
@@ -335,6 +358,8 @@ def _valid_keys_hint(dotted: str) -> str:
         "experiment": ExperimentConfig,
         "sweep": SweepConfig,
         "power": PowerConfig,
+        "telemetry": TelemetryConfig,
+        "energy": EnergyConfig,
     }.get(section)
     if section == "backend":
         names = sorted({f.name for s in BACKEND_SCHEMAS.values() for f in dataclasses.fields(s)})

@@ -13,6 +13,8 @@ _NON_SEMANTIC = {
     "tracking": None,
     "sweep": None,
     "profile": None,
+    "telemetry": None,
+    "energy": None,
     "experiment": None,
     "backend": {"timeout_s", "binary_dir"},
     "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
@@ -81,6 +83,19 @@ class PhaseResult:
     n_tokens: int  # tokens processed per repetition
     samples_ns: list[int]  # wall time of each repetition, as the backend measured it
     depth: int = 0
+    # Device-clock time (epoch s) when the backend reported this phase's result; with the sum of the
+    # repetition times it delimits the phase's measurement window for energy.
+    end_time: Optional[float] = None
+
+    @property
+    def window(self) -> Optional[tuple[float, float]]:
+        if self.end_time is None:
+            return None
+        return (self.end_time - sum(self.samples_ns) / 1e9, self.end_time)
+
+    @property
+    def tokens_in_window(self) -> int:
+        return self.n_tokens * len(self.samples_ns)
 
     @property
     def samples_tps(self) -> list[float]:
@@ -95,6 +110,7 @@ class BackendResult:
     build: dict[str, str] = field(default_factory=dict)  # build_commit, build_number, backends, ...
     info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
     command: Optional[list[str]] = None
+    start_time: Optional[float] = None  # device clock when the backend process started
 
 
 def nan_if_none(value: Optional[float]) -> float:

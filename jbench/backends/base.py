@@ -11,7 +11,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from ..device.connection import Connection
 from ..trial import BackendResult, Trial
@@ -54,8 +54,13 @@ class Backend(ABC):
         """Problems found on the device before any trial runs (binaries missing, ...)."""
 
     @abstractmethod
-    def run(self, trial: Trial, conn: Connection, log: logging.Logger) -> BackendResult:
-        """Run the trial; raise BackendError for a failure that belongs to this trial."""
+    def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
+            repetitions: Optional[int] = None) -> BackendResult:
+        """Run the trial; raise BackendError for a failure that belongs to this trial.
+
+        Phases carry device-clock end times where the backend can give them (PhaseResult.window).
+        only_phase/repetitions run one phase with more repetitions: the energy pass for phases whose
+        speed window is too short to integrate power over."""
 
 
 _BUILTIN = {"llamacpp": "jbench.backends.llamacpp:LlamaCppBackend"}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..device.connection import CommandTimeout, Connection
+from ..device.telemetry.samplers import stamped
 from ..models import ModelError, check_quant, resolve_model_file
 from ..trial import BackendResult, PhaseResult, Trial
 from .base import Backend, BackendError, Capabilities
@@ -36,10 +37,21 @@ class ParseError(ValueError):
 
 
 def parse_records(stdout: str) -> list[dict]:
-    """JSON records from llama-bench -o jsonl output; other lines (logs, comments) are ignored."""
+    """JSON records from llama-bench -o jsonl output; other lines (logs, comments) are ignored.
+
+    A line may carry a leading device timestamp (`<epoch> {...}`, added by jbench's stamping
+    wrapper); it is kept in the record as `_jbench_time`."""
     records = []
     for line in stdout.splitlines():
         line = line.strip()
+        stamp = None
+        if not line.startswith("{") and " {" in line:
+            head, _, rest = line.partition(" ")
+            try:
+                stamp = float(head)
+                line = rest.strip()
+            except ValueError:
+                continue
         if not line.startswith("{"):
             continue
         try:
@@ -47,8 +59,21 @@ def parse_records(stdout: str) -> list[dict]:
         except json.JSONDecodeError:
             continue
         if isinstance(obj, dict):
+            if stamp is not None:
+                obj["_jbench_time"] = stamp
             records.append(obj)
     return records
+
+
+def start_stamp(stdout: str) -> Optional[float]:
+    for line in stdout.splitlines():
+        head, _, rest = line.strip().partition(" ")
+        if rest == "@@start":
+            try:
+                return float(head)
+            except ValueError:
+                return None
+    return None
 
 
 def _int(record: dict, key: str, default: Optional[int] = None) -> Optional[int]:
@@ -85,7 +110,9 @@ def record_phase(record: dict) -> Optional[PhaseResult]:
         raise ParseError(f"{phase} record has neither samples_ns nor avg_ns")
     if any(s <= 0 for s in samples_ns):
         raise ParseError(f"{phase} record has a non-positive sample time: {samples_ns}")
-    return PhaseResult(phase=phase, n_tokens=n, samples_ns=samples_ns, depth=depth)
+    end = record.get("_jbench_time")
+    return PhaseResult(phase=phase, n_tokens=n, samples_ns=samples_ns, depth=depth,
+                       end_time=float(end) if end is not None else None)
 
 
 def normalize_flash_attn(value: Any) -> str:
@@ -201,15 +228,19 @@ class LlamaCppBackend(Backend):
             return [f"{bench} not found on device '{conn.name}': run `jbench setup` or fix backend.binary_dir"]
         return []
 
-    def command(self, trial: Trial, model_path: str) -> list[str]:
+    def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
+                repetitions: Optional[int] = None) -> list[str]:
+        """llama-bench's argument list; only_phase runs just prefill or decode (the energy pass)."""
         cfg = trial.section("backend")
+        n_prompt = 0 if only_phase == "decode" else cfg["n_prompt"]
+        n_gen = 0 if only_phase == "prefill" else cfg["n_gen"]
         argv = [
             os.path.join(self.binary_dir(), "llama-bench"),
             "-m", model_path,
-            "-p", str(cfg["n_prompt"]),
-            "-n", str(cfg["n_gen"]),
+            "-p", str(n_prompt),
+            "-n", str(n_gen),
             "-d", str(cfg["depth"]),
-            "-r", str(cfg["repetitions"]),
+            "-r", str(repetitions or cfg["repetitions"]),
             "-ngl", str(cfg["n_gpu_layers"]),
             "-ctk", cfg["cache_type_k"],
             "-ctv", cfg["cache_type_v"],
@@ -228,7 +259,8 @@ class LlamaCppBackend(Backend):
         argv += ["-o", "jsonl"]
         return argv
 
-    def run(self, trial: Trial, conn: Connection, log: logging.Logger) -> BackendResult:
+    def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
+            repetitions: Optional[int] = None) -> BackendResult:
         try:
             model_path, _ = resolve_model_file(trial.section("model"))
         except ModelError as exc:
@@ -236,10 +268,11 @@ class LlamaCppBackend(Backend):
         model_path = conn.expand_path(model_path)
         if not conn.exists(model_path):
             raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
-        argv = self.command(trial, model_path)
+        argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
         log.info("running: %s", shlex.join(argv))
         try:
-            res = conn.run(argv, timeout=trial.section("backend")["timeout_s"])
+            # Stamped with the device clock: each record's time delimits its phase window for energy.
+            res = conn.run(stamped(argv, start_marker=True), timeout=trial.section("backend")["timeout_s"])
         except CommandTimeout as exc:
             raise BackendError("timeout", str(exc)) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
@@ -255,11 +288,14 @@ class LlamaCppBackend(Backend):
             raise BackendError("unparseable_output", f"unparseable llama-bench output: {exc}", res.stdout, res.stderr) from None
         cfg = trial.section("backend")
         wanted = {p for p, n in (("prefill", cfg["n_prompt"]), ("decode", cfg["n_gen"])) if n > 0}
+        if only_phase:
+            wanted &= {only_phase}
         if missing := wanted - set(phases):
             raise BackendError(
                 "unparseable_output", f"llama-bench printed no {', '.join(sorted(missing))} record", res.stdout, res.stderr
             )
-        return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr, build=build, info=info, command=argv)
+        return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr, build=build, info=info,
+                             command=argv, start_time=start_stamp(res.stdout))
 
 
 def _looks_oom(stderr: str) -> bool:

@@ -64,6 +64,14 @@ class Connection(ABC):
         cannot be reached."""
 
     @abstractmethod
+    def stream_lines(self, argv: Sequence[str]) -> "LineStream":
+        """Start a long-running command; iterate its output lines; close() ends it on the device."""
+
+    @abstractmethod
+    def sudo_argv(self, argv: Sequence[str]) -> list[str]:
+        """argv run through sudo the way this connection does it (for commands inside a pipeline)."""
+
+    @abstractmethod
     def exists(self, path: str) -> bool: ...
 
     @abstractmethod
@@ -79,6 +87,34 @@ class Connection(ABC):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+class LineStream:
+    """Output lines of a running local command."""
+
+    def __init__(self, argv: list[str]):
+        # A session of its own, so close() ends the whole pipeline (bash, the tool, the stamper).
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     text=True, errors="replace", bufsize=1, start_new_session=True)
+
+    def __iter__(self):
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            yield line.rstrip("\n")
+
+    def close(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 class LocalConnection(Connection):
@@ -116,6 +152,13 @@ class LocalConnection(Connection):
         except PermissionError as exc:
             return CommandResult(argv, 126, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
         return CommandResult(shown, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+    def stream_lines(self, argv) -> LineStream:
+        return LineStream([str(a) for a in argv])
+
+    def sudo_argv(self, argv) -> list[str]:
+        argv = [str(a) for a in argv]
+        return argv if os.geteuid() == 0 else ["sudo", "-n", "--", *argv]
 
     def exists(self, path: str) -> bool:
         return Path(self.expand_path(path)).exists()

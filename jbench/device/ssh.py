@@ -226,12 +226,17 @@ class SSHConnection(Connection):
             raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s (ended on the device)")
         return CommandResult(argv, code, out, err, time.monotonic() - started)
 
+    def sudo_argv(self, argv: Sequence[str]) -> list[str]:
+        argv = [str(a) for a in argv]
+        return (["sudo", "-S", "-p", ""] if self._sudo_password() else ["sudo", "-n"]) + ["--", *argv]
+
     def stream_lines(self, argv: Sequence[str], *, sudo: bool = False) -> "RemoteStream":
-        """Start a long-running command and iterate its stdout lines (tegrastats)."""
+        """Start a long-running command and iterate its output lines (tegrastats)."""
+        argv = [str(a) for a in argv]
         chan = self.transport().open_session()
-        chan.get_pty(width=500)  # a pty ends the remote process when the channel closes
+        chan.get_pty(width=1000)  # a pty ends the remote process when the channel closes
         chan.exec_command(self.command_line(argv, sudo=sudo))
-        if sudo and self._sudo_password():
+        if self._sudo_password() and (sudo or "-S" in argv):
             chan.sendall((self._sudo_password() + "\n").encode())
         return RemoteStream(chan)
 

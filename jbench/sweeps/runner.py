@@ -25,6 +25,7 @@ from ..device.jetson import jetson_fingerprint
 from ..device.power import PowerStateError, PowerStrategy
 from ..models import resolve_model_file
 from ..trial import BackendResult, Trial, flatten
+from .measure import measure
 from .plan import Plan
 
 log = logging.getLogger("jbench")
@@ -43,6 +44,8 @@ class TrialOutcome:
     error: Optional[str] = None
     category: Optional[str] = None
     wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)  # e.g. why energy was not measured
+    findings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -255,16 +258,19 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
     files = {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}
     tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
     try:
+        actual_mode = None
         if _wants_power(trial):
             power = trial.config["power"]
             strategy.log = tlog.logger
             changes = strategy.apply(power["mode"], power["jetson_clocks"], allow_reboot=power["allow_reboot"],
                                      reboot_timeout_s=power["reboot_timeout_s"], fan=power["fan"])
             snap = strategy.current()
+            actual_mode = snap.mode
             tracker.log(outcome.run_id, tags={"power.mode_actual": snap.mode, "power.mode_id": snap.mode_id,
                                               "power.jetson_clocks_actual": snap.clocks_locked,
                                               "power.changes": "; ".join(changes) or "none"})
-        result = backend.run(trial, conn, tlog.logger)
+        measured = measure(trial, backend, conn, tlog.logger, actual_mode)
+        result = measured.result
     except PowerStateError as exc:
         outcome.status, outcome.error, outcome.category = "FAILED", str(exc), "power_state"
         tlog.logger.error("FAILED (power_state): %s", exc)
@@ -278,14 +284,23 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
         tlog.logger.error("FAILED (device): %s", exc)
     else:
         metrics, stepped = phase_metrics(result)
+        metrics.update(measured.metrics)
         metrics["trial_wall_s"] = time.monotonic() - started
         outcome.metrics = metrics
+        outcome.notes = [measured.sensor_problem] if measured.sensor_problem else []
+        outcome.findings = [f.message for f in measured.findings]
+        for f in measured.findings:
+            tlog.logger.warning("finding %s: %s", f.code, f.message)
         files["raw/stdout.txt"] = result.raw_output
         files["raw/stderr.txt"] = result.raw_stderr
+        files.update(measured.files)
         build_tags = {f"backend.{k}": v for k, v in result.build.items()}
         build_tags.update({f"backend.{k}": v for k, v in result.info.items()
                            if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})
+        build_tags.update(measured.tags)
         tracker.log(outcome.run_id, metrics=metrics, stepped=stepped, tags=build_tags)
+        if measured.series:
+            tracker.log_series(outcome.run_id, measured.series)
         outcome.status = "FINISHED"
         tlog.logger.info("FINISHED: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k.endswith("_tps")))
     outcome.wall_s = time.monotonic() - started

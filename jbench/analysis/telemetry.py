@@ -1,0 +1,194 @@
+"""From telemetry samples and phase windows to energy metrics and findings (pure functions).
+
+Windows are (start, end) in device-clock epoch seconds, the same clock as the samples. Every
+energy figure comes from window_energy() over the measured samples; when a window cannot give
+one (no sensor, too few samples, gaps) the metric is absent and `energy.status` says why.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
+
+
+@dataclass
+class EnergySettings:
+    min_window_s: float = 5.0
+    min_samples: int = 5
+    min_coverage: float = 0.9
+
+
+@dataclass
+class PhaseWindow:
+    phase: str  # idle | load | prefill | decode | cooldown
+    start: float
+    end: float
+    tokens: int = 0  # tokens processed inside the window (prefill/decode)
+    source: str = "speed"  # speed pass or energy pass
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Finding:
+    code: str
+    message: str
+    evidence: dict = field(default_factory=dict)
+
+
+def _series(samples: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pts = [(s["t"], float(s[key])) for s in samples if s.get(key) is not None and s.get("t") is not None]
+    pts.sort()
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _inside(samples: list[dict], window: PhaseWindow, key: str) -> list[float]:
+    return [float(s[key]) for s in samples
+            if s.get(key) is not None and window.start <= s["t"] <= window.end]
+
+
+def counter_energy(samples: list[dict], t0: float, t1: float) -> Optional[float]:
+    """Energy from a cumulative hardware counter (energy_j), interpolated at the window edges."""
+    times, values = _series(samples, "energy_j")
+    if len(times) < 2 or t0 < times[0] or t1 > times[-1]:
+        return None
+
+    def at(t: float) -> float:
+        for i in range(1, len(times)):
+            if times[i] >= t:
+                a, b = times[i - 1], times[i]
+                return values[i - 1] + (values[i] - values[i - 1]) * ((t - a) / (b - a) if b > a else 0.0)
+        return values[-1]
+
+    return at(t1) - at(t0)
+
+
+def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: EnergySettings,
+                   sensor_problem: Optional[str] = None) -> tuple[dict[str, float], dict[str, str]]:
+    """Metrics per docs/metrics.md and the energy.* tags that explain them."""
+    metrics: dict[str, float] = {}
+    statuses: dict[str, str] = {}
+    if sensor_problem:
+        return metrics, {"energy.status": f"not measured: {sensor_problem}"}
+    times, power = _series(samples, "power_w")
+    if not times:
+        return metrics, {"energy.status": "not measured: the telemetry has no total-power signal"}
+    by_phase: dict[str, WindowEnergy] = {}
+    for w in windows:
+        we = window_energy(times, power, w.start, w.end, min_samples=settings.min_samples,
+                           min_coverage=settings.min_coverage)
+        if w.phase in ("prefill", "decode") and we.ok and w.duration < settings.min_window_s:
+            we = WindowEnergy(math.nan, math.nan, we.duration_s, we.n_samples, we.coverage,
+                              f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}")
+        by_phase[w.phase] = we
+        metrics[f"{w.phase}_window_s"] = w.duration
+        metrics[f"{w.phase}_window_samples"] = we.n_samples
+        statuses[w.phase] = "ok" if we.ok else we.status
+        if not we.ok:
+            continue
+        metrics[f"{w.phase}_energy_j"] = we.energy_j
+        metrics[f"{w.phase}_avg_power_w"] = we.avg_power_w
+        if w.tokens:
+            metrics[f"{w.phase}_tokens_per_joule"] = tokens_per_joule(w.tokens, we)
+            metrics[f"{w.phase}_joules_per_token"] = we.energy_j / w.tokens
+        counter = counter_energy(samples, w.start, w.end)
+        if counter is not None and counter > 0:
+            metrics[f"{w.phase}_energy_counter_j"] = counter
+            metrics[f"{w.phase}_energy_deviation_pct"] = 100.0 * (we.energy_j - counter) / counter
+        for rail_key, name in (("gpu_power_w", "gpu"), ("cpu_power_w", "cpu")):
+            rt, rp = _series(samples, rail_key)
+            if rt:
+                re_ = window_energy(rt, rp, w.start, w.end, min_samples=settings.min_samples,
+                                    min_coverage=settings.min_coverage)
+                if re_.ok:
+                    metrics[f"{w.phase}_{name}_energy_j"] = re_.energy_j
+    idle = by_phase.get("idle")
+    if idle is not None and idle.ok:
+        metrics["idle_power_w"] = idle.avg_power_w
+        for phase in ("prefill", "decode"):
+            we = by_phase.get(phase)
+            w = next((x for x in windows if x.phase == phase), None)
+            if we is not None and we.ok and w is not None and w.tokens:
+                above = above_idle_energy(we, idle.avg_power_w)
+                if above > 0:
+                    metrics[f"{phase}_energy_above_idle_j"] = above
+                    metrics[f"{phase}_tokens_per_joule_above_idle"] = w.tokens / above
+    bad = {p: s for p, s in statuses.items() if s != "ok"}
+    tags = {"energy.status": "ok" if not bad else "; ".join(f"{p}: {s}" for p, s in bad.items())}
+    for p, s in statuses.items():
+        tags[f"energy.{p}.status"] = s
+    return metrics, tags
+
+
+def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Optional[dict] = None,
+             requested_mode: Optional[str] = None, actual_mode: Optional[str] = None) -> list[Finding]:
+    """Named diagnoses with their evidence (../shared/domain.md: symptoms and causes)."""
+    out: list[Finding] = []
+    decode = next((w for w in windows if w.phase == "decode"), None)
+    if requested_mode is not None and actual_mode is not None and requested_mode != actual_mode:
+        out.append(Finding("power_mode_mismatch", f"power mode is {actual_mode}, {requested_mode} was requested",
+                           {"requested": requested_mode, "actual": actual_mode}))
+    if decode is not None:
+        gpu_load = _inside(samples, decode, "gpu_load_pct")
+        cpu_load = _inside(samples, decode, "cpu_load_pct")
+        gpu_freq = _inside(samples, decode, "gpu_freq_mhz")
+        emc_load = _inside(samples, decode, "emc_load_pct")
+        if gpu_load and cpu_load and statistics.fmean(gpu_load) < 5 and statistics.fmean(cpu_load) > 50:
+            out.append(Finding("cpu_fallback", "GPU idle during decode while the CPU is busy: the runtime is "
+                               "probably running on the CPU (built without CUDA?); rebuild the backend with CUDA",
+                               {"gpu_load_pct_mean": statistics.fmean(gpu_load), "cpu_load_pct_mean": statistics.fmean(cpu_load)}))
+        if gpu_freq and max(gpu_freq) == 0:
+            out.append(Finding("gpu_clock_zero", "GPU clock at 0 MHz during decode: the GPU is parked; apply the max "
+                               "power mode and jetson_clocks", {"gpu_freq_mhz_max": 0}))
+        elif gpu_freq and gpu_load and statistics.fmean(gpu_load) > 50:
+            lo, hi = min(gpu_freq), max(gpu_freq)
+            if hi > 0 and (hi - lo) / hi > 0.05:
+                out.append(Finding("clocks_not_locked", f"GPU clock varied {lo:.0f}-{hi:.0f} MHz during decode "
+                                   "(DVFS): lock clocks with jetson_clocks for stable numbers",
+                                   {"gpu_freq_mhz_min": lo, "gpu_freq_mhz_max": hi}))
+        if emc_load and gpu_load and statistics.fmean(gpu_load) > 50 and statistics.fmean(emc_load) < 50:
+            out.append(Finding("emc_underused", "memory controller under 50 % busy while the GPU is busy: weights may "
+                               "sit in pageable memory or the kernels are not bandwidth-efficient",
+                               {"emc_load_pct_mean": statistics.fmean(emc_load), "gpu_load_pct_mean": statistics.fmean(gpu_load)}))
+        temps = _inside(samples, decode, "temp_max_c")
+        limit = (profile or {}).get("throttle_temp_c")
+        if temps and limit is not None and max(temps) >= limit:
+            out.append(Finding("thermal_throttling", f"temperature reached {max(temps):.1f} C (profile limit {limit:g} C) "
+                               "during decode: clocks may be throttled", {"temp_max_c": max(temps), "limit_c": limit}))
+        elif gpu_freq and gpu_load and len(gpu_freq) >= 6:
+            third = len(gpu_freq) // 3
+            first, last = statistics.fmean(gpu_freq[:third]), statistics.fmean(gpu_freq[-third:])
+            loads_last = gpu_load[-max(1, len(gpu_load) // 3):]
+            if first > 0 and last < 0.9 * first and statistics.fmean(loads_last) > 80:
+                out.append(Finding("thermal_throttling", f"GPU clock fell from {first:.0f} to {last:.0f} MHz during "
+                                   "decode while load stayed high", {"gpu_freq_first_mhz": first, "gpu_freq_last_mhz": last}))
+    swap = [s["swap_used_mb"] for s in samples if s.get("swap_used_mb") is not None]
+    if swap and max(swap) - min(swap) > 0:
+        out.append(Finding("swap_used", f"swap use changed by {max(swap) - min(swap)} MB during the trial: memory is "
+                           "short, numbers include paging", {"swap_used_mb_min": min(swap), "swap_used_mb_max": max(swap)}))
+    return out
+
+
+SERIES = {
+    "power_w": "system/device/power_w",
+    "gpu_load_pct": "system/device/gpu_load_pct",
+    "gpu_freq_mhz": "system/device/gpu_freq_mhz",
+    "emc_load_pct": "system/device/emc_load_pct",
+    "temp_max_c": "system/device/temp_max_c",
+}
+
+
+def mlflow_series(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """The main series as (device time, value) points for MLflow system metrics."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, name in SERIES.items():
+        pts = [(s["t"], float(s[key])) for s in samples if s.get(key) is not None]
+        if pts:
+            out[name] = pts
+    return out

@@ -1,0 +1,433 @@
+"""Telemetry samplers: run on the device, stream timestamped samples to the controller.
+
+Every sample is a flat dict with `t` = seconds since the epoch **on the device's clock** (the
+phase markers of a trial come from the same clock, so there is no cross-machine skew) plus the
+signals the source has: `power_w` (total board input), `gpu_power_w`, `cpu_power_w`,
+`gpu_load_pct`, `gpu_freq_mhz`, `emc_load_pct`, `emc_freq_mhz`, `temp_max_c`, `ram_used_mb`,
+`swap_used_mb`, `cpu_load_pct`, and for NVML `energy_j` (the GPU's own energy counter).
+
+Sources (telemetry.source): tegrastats, sysfs (INA3221 hwmon), jtop (the user's own jetson-stats
+install through its service), nvml (discrete NVIDIA GPUs on the local device), none; auto picks the
+first that works and records which. A sampler that cannot start says why in `problem`; it never
+produces zeros in place of a missing signal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Optional
+
+from ..connection import Connection, LocalConnection
+from .tegrastats import parse_line, total_input_power_mw
+
+log = logging.getLogger("jbench.telemetry")
+
+# Prefix each line with the device's clock: bash's $EPOCHREALTIME costs no process per line (bash >= 5);
+# older shells fall back to `date +%s.%N`. The command comes in as "$@", never pasted into the script.
+_STAMP = (
+    'set -o pipefail; "$@" | while IFS= read -r line; do t=$EPOCHREALTIME; [ -n "$t" ] || t=$(date +%s.%N); '
+    'printf "%s %s\\n" "$t" "$line"; done'
+)
+
+
+def stamped(argv: list[str], *, start_marker: bool = False) -> list[str]:
+    """argv wrapped so that every output line starts with the device's epoch time (stderr is left
+    as is). start_marker first prints `<time> @@start`, the moment the command starts."""
+    script = _STAMP
+    if start_marker:
+        script = 't=$EPOCHREALTIME; [ -n "$t" ] || t=$(date +%s.%N); printf "%s @@start\\n" "$t"; ' + script
+    return ["bash", "-c", script, "bash", *[str(a) for a in argv]]
+
+
+def split_stamp(line: str) -> tuple[Optional[float], str]:
+    head, _, rest = line.partition(" ")
+    try:
+        return float(head.replace(",", ".")), rest
+    except ValueError:
+        return None, line
+
+
+class Sampler(ABC):
+    source: str = "none"
+
+    def __init__(self) -> None:
+        self.samples: list[dict] = []
+        self.skipped_lines = 0
+        self.last_skipped = ""
+        self.problem: Optional[str] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    @abstractmethod
+    def _run(self) -> None:
+        """Append samples until self._stop is set (runs in a thread)."""
+
+    def start(self) -> "Sampler":
+        self._thread = threading.Thread(target=self._guarded, name=f"sampler-{self.source}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _guarded(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # a sampler failure must not kill the trial; it is reported instead
+            self.problem = self.problem or f"{self.source} sampler stopped: {exc}"
+            log.warning("%s", self.problem)
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        return self.samples
+
+    def _close(self) -> None:
+        pass
+
+    def wait_for_samples(self, n: int, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while len(self.samples) < n and time.monotonic() < end and self.problem is None:
+            if self._thread is not None and not self._thread.is_alive():
+                break
+            time.sleep(0.05)
+        return len(self.samples) >= n
+
+    def latest_time(self) -> Optional[float]:
+        return self.samples[-1]["t"] if self.samples else None
+
+
+class NoSampler(Sampler):
+    source = "none"
+
+    def __init__(self, reason: str):
+        super().__init__()
+        self.problem = reason
+
+    def _run(self) -> None:
+        return
+
+
+# --------------------------------------------------------------------------------------------
+# tegrastats
+
+
+def tegrastats_sample(t: float, line: str, rails_spec: Optional[list[str]] = None,
+                      gpu_rail: Optional[str] = None, cpu_rail: Optional[str] = None) -> Optional[dict]:
+    s = parse_line(line)
+    if s is None:
+        return None
+    total = total_input_power_mw(s, rails_spec or None)
+    sample: dict = {"t": t, "power_w": None if total is None else total / 1000.0}
+    if gpu_rail and gpu_rail in s.rails:
+        sample["gpu_power_w"] = s.rails[gpu_rail].current_mw / 1000.0
+    if cpu_rail and cpu_rail in s.rails:
+        sample["cpu_power_w"] = s.rails[cpu_rail].current_mw / 1000.0
+    sample["gpu_load_pct"] = s.gpu_load_pct
+    sample["gpu_freq_mhz"] = s.gpu_freqs_mhz[0] if s.gpu_freqs_mhz else None
+    sample["emc_load_pct"] = s.emc_load_pct
+    sample["emc_freq_mhz"] = s.emc_freq_mhz
+    temps = [v for v in s.temps_c.values() if v is not None]
+    sample["temp_max_c"] = max(temps) if temps else None
+    sample["ram_used_mb"] = s.ram_used_mb
+    sample["swap_used_mb"] = s.swap_used_mb
+    loads = [c.load_pct for c in s.cpus if c.online and c.load_pct is not None]
+    sample["cpu_load_pct"] = statistics.fmean(loads) if loads else None
+    for name, rail in s.rails.items():
+        sample[f"rail_{name}_w"] = rail.current_mw / 1000.0
+    return sample
+
+
+class StreamSampler(Sampler):
+    """A command on the device whose stamped output lines become samples."""
+
+    def __init__(self, conn: Connection, argv: list[str], *, sudo: bool = False):
+        super().__init__()
+        self.conn = conn
+        self.argv = argv
+        self.sudo = sudo
+        self._stream = None
+
+    def _parse(self, t: float, payload: str) -> Optional[dict]:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        # sudo applies to the tool inside the stamping pipe, not to bash.
+        argv = self.argv
+        if self.sudo:
+            argv = self.conn.sudo_argv(argv)
+        self._stream = self.conn.stream_lines(stamped(argv))
+        for line in self._stream:
+            if self._stop.is_set():
+                break
+            t, payload = split_stamp(line)
+            sample = self._parse(t, payload) if t is not None else None
+            if sample is None:
+                if payload.strip():
+                    self.skipped_lines += 1
+                    self.last_skipped = payload.strip()[:300]
+                continue
+            self.samples.append(sample)
+        if not self.samples and not self._stop.is_set():
+            self.problem = self.problem or f"{self.source} produced no samples (last output: {self.last_skipped!r})"
+
+    def _close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+
+class TegrastatsSampler(StreamSampler):
+    source = "tegrastats"
+
+    def __init__(self, conn: Connection, interval_ms: int = 100, *, rails_spec=None, gpu_rail=None, cpu_rail=None,
+                 sudo: bool = True):
+        super().__init__(conn, ["tegrastats", "--interval", str(int(interval_ms))], sudo=sudo)
+        self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
+
+    def _parse(self, t, payload):
+        return tegrastats_sample(t, payload, self.rails_spec, self.gpu_rail, self.cpu_rail)
+
+
+# --------------------------------------------------------------------------------------------
+# sysfs INA3221 (hwmon), read by a small constant Python program on the device
+
+SYSFS_READER = r"""
+import glob, json, os, sys, time
+root, interval = sys.argv[1], float(sys.argv[2]) / 1000.0
+chans = []
+for d in sorted(glob.glob(os.path.join(root, "bus/i2c/drivers/ina3221/*/hwmon/hwmon*"))):
+    for lab in sorted(glob.glob(os.path.join(d, "in*_label"))):
+        k = os.path.basename(lab)[2:-6]
+        name = open(lab).read().strip()
+        if not k.isdigit() or "NC" in name or "sum" in name.lower():
+            continue
+        v, c = os.path.join(d, "in%s_input" % k), os.path.join(d, "curr%s_input" % k)
+        if os.path.exists(v) and os.path.exists(c):
+            chans.append((name, v, c))
+if not chans:
+    print("NO_RAILS no INA3221 hwmon channels under " + root, flush=True)
+    sys.exit(3)
+while True:
+    t = time.time()
+    rails = {}
+    for name, v, c in chans:
+        try:
+            rails[name] = int(open(v).read()) * int(open(c).read()) / 1e6
+        except (OSError, ValueError):
+            pass
+    print("%.6f %s" % (t, json.dumps(rails)), flush=True)
+    time.sleep(max(0.0, interval - (time.time() - t)))
+"""
+
+
+class SysfsSampler(StreamSampler):
+    """INA3221 rails from hwmon sysfs; watts = bus mV x mA / 1e6."""
+
+    source = "sysfs"
+
+    def __init__(self, conn: Connection, interval_ms: int = 50, *, rails_spec=None, gpu_rail=None, cpu_rail=None,
+                 sysfs_root: str = "/sys"):
+        super().__init__(conn, ["python3", "-c", SYSFS_READER, sysfs_root, str(int(interval_ms))])
+        self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
+
+    def _run(self) -> None:
+        # The reader stamps its own lines (time.time() on the device), so no bash wrapper.
+        self._stream = self.conn.stream_lines(self.argv)
+        for line in self._stream:
+            if self._stop.is_set():
+                break
+            if line.startswith("NO_RAILS"):
+                self.problem = line[len("NO_RAILS "):]
+                return
+            t, payload = split_stamp(line)
+            try:
+                rails = json.loads(payload)
+            except json.JSONDecodeError:
+                self.skipped_lines += 1
+                continue
+            if t is None:
+                self.skipped_lines += 1
+                continue
+            sample = {"t": t, **{f"rail_{k}_w": v for k, v in rails.items()}}
+            wanted = self.rails_spec or [r for r in ("VDD_IN", "POM_5V_IN", "VIN") if r in rails][:1]
+            sample["power_w"] = sum(rails[r] for r in wanted) if wanted and all(r in rails for r in wanted) else None
+            if self.gpu_rail in rails:
+                sample["gpu_power_w"] = rails[self.gpu_rail]
+            if self.cpu_rail in rails:
+                sample["cpu_power_w"] = rails[self.cpu_rail]
+            self.samples.append(sample)
+        if not self.samples and not self._stop.is_set():
+            self.problem = self.problem or f"sysfs reader produced no samples (last output: {self.last_skipped!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# jtop (the user's own jetson-stats install; jbench ships none of its code)
+
+JTOP_READER = r"""
+import json, sys, time
+try:
+    from jtop import jtop
+except ImportError as e:
+    print("NO_JTOP jetson-stats is not installed for python3 on the device (%s)" % e, flush=True); sys.exit(3)
+interval = float(sys.argv[1]) / 1000.0
+try:
+    with jtop(interval=interval) as j:
+        while j.ok():
+            p = j.power or {}
+            tot = (p.get("tot") or {}).get("power")
+            rails = {k: v.get("power") for k, v in (p.get("rail") or {}).items()}
+            st = j.stats or {}
+            out = {"power_mw": tot, "rails_mw": rails, "gpu_load_pct": st.get("GPU"),
+                   "temps": {k: v for k, v in st.items() if k.startswith("Temp")}}
+            print("%.6f %s" % (time.time(), json.dumps(out, default=str)), flush=True)
+except Exception as e:
+    print("NO_JTOP jtop service not reachable: %s" % e, flush=True); sys.exit(3)
+"""
+
+
+class JtopSampler(StreamSampler):
+    source = "jtop"
+
+    def __init__(self, conn: Connection, interval_ms: int = 100):
+        super().__init__(conn, ["python3", "-c", JTOP_READER, str(int(interval_ms))])
+
+    def _run(self) -> None:
+        self._stream = self.conn.stream_lines(self.argv)
+        for line in self._stream:
+            if self._stop.is_set():
+                break
+            if line.startswith("NO_JTOP"):
+                self.problem = line[len("NO_JTOP "):]
+                return
+            t, payload = split_stamp(line)
+            try:
+                data = json.loads(payload)
+            except json.JSONDecodeError:
+                self.skipped_lines += 1
+                continue
+            temps = [v for v in (data.get("temps") or {}).values() if isinstance(v, (int, float)) and v > -100]
+            self.samples.append({
+                "t": t, "power_w": None if data.get("power_mw") is None else data["power_mw"] / 1000.0,
+                "gpu_load_pct": data.get("gpu_load_pct"), "temp_max_c": max(temps) if temps else None,
+                **{f"rail_{k}_w": v / 1000.0 for k, v in (data.get("rails_mw") or {}).items() if v is not None},
+            })
+        if not self.samples and not self._stop.is_set():
+            self.problem = self.problem or f"jtop produced no samples (last output: {self.last_skipped!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# NVML (discrete NVIDIA GPUs, local device)
+
+
+class NvmlSampler(Sampler):
+    """Power, the GPU's total-energy counter, clocks, utilisation, temperature and memory.
+
+    Power is the instantaneous field (NVML_FI_DEV_POWER_INSTANT) where the GPU has it: on Hopper,
+    nvmlDeviceGetPowerUsage is a ~1 s trailing average, which integrates low over short windows.
+    """
+
+    source = "nvml"
+
+    def __init__(self, interval_ms: int = 50, gpu_index: int = 0):
+        super().__init__()
+        self.interval = interval_ms / 1000.0
+        self.gpu_index = gpu_index
+        self.power_field: Optional[str] = None
+
+    @staticmethod
+    def available() -> Optional[str]:
+        """None when NVML sees a GPU, else the reason."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                if pynvml.nvmlDeviceGetCount() < 1:
+                    return "NVML sees no GPU"
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception as exc:  # library missing, no driver, Tegra (NVML unsupported)
+            return f"NVML not available: {exc}"
+        return None
+
+    def _run(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
+            instant = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
+
+            def power_instant() -> Optional[float]:
+                if instant is None:
+                    return None
+                v = pynvml.nvmlDeviceGetFieldValues(h, [instant])[0]
+                if v.nvmlReturn != pynvml.NVML_SUCCESS:
+                    return None
+                return float(v.value.uiVal) / 1000.0
+
+            self.power_field = "power_instant" if power_instant() is not None else "power_usage_average"
+            while not self._stop.is_set():
+                t = time.time()
+                sample: dict = {"t": t}
+                try:
+                    avg = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                    inst = power_instant()
+                    sample["power_w"] = inst if inst is not None else avg
+                    sample["power_avg_w"] = avg
+                    sample["energy_j"] = pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+                    sample["gpu_freq_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+                    sample["mem_freq_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
+                    util = pynvml.nvmlDeviceGetUtilizationRates(h)
+                    sample["gpu_load_pct"], sample["mem_load_pct"] = float(util.gpu), float(util.memory)
+                    sample["temp_max_c"] = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+                    sample["gpu_mem_used_mb"] = pynvml.nvmlDeviceGetMemoryInfo(h).used / 1048576
+                except pynvml.NVMLError as exc:
+                    self.problem = f"NVML read failed: {exc}"
+                    return
+                self.samples.append(sample)
+                self._stop.wait(max(0.0, self.interval - (time.time() - t)))
+        finally:
+            pynvml.nvmlShutdown()
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def make_sampler(source: str, conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    """The sampler for telemetry.source; 'auto' tries tegrastats, sysfs, jtop (Jetson) or NVML (local GPU)."""
+    rails = (profile or {}).get("power_rails") or None
+    gpu_rail = (profile or {}).get("gpu_rail")
+    cpu_rail = (profile or {}).get("cpu_rail")
+    if source == "none":
+        return NoSampler("telemetry.source=none")
+    if source == "tegrastats":
+        return TegrastatsSampler(conn, interval_ms, rails_spec=rails, gpu_rail=gpu_rail, cpu_rail=cpu_rail)
+    if source == "sysfs":
+        return SysfsSampler(conn, interval_ms, rails_spec=rails, gpu_rail=gpu_rail, cpu_rail=cpu_rail,
+                            sysfs_root=(device.get("paths") or {}).get("sysfs_root", "/sys"))
+    if source == "jtop":
+        return JtopSampler(conn, interval_ms)
+    if source == "nvml":
+        if not isinstance(conn, LocalConnection):
+            return NoSampler("telemetry.source=nvml samples the controller's own GPUs: use it with device=local")
+        reason = NvmlSampler.available()
+        return NoSampler(reason) if reason else NvmlSampler(interval_ms)
+    if source == "auto":
+        if isinstance(conn, LocalConnection) and not profile:
+            reason = NvmlSampler.available()
+            if reason is None:
+                return NvmlSampler(interval_ms)
+            return NoSampler(f"no power sensor on this machine: {reason}; no Jetson profile (device.profile)")
+        probe = conn.run(["sh", "-c", "command -v tegrastats; command -v python3"], timeout=30)
+        if "tegrastats" in probe.stdout:
+            return TegrastatsSampler(conn, interval_ms, rails_spec=rails, gpu_rail=gpu_rail, cpu_rail=cpu_rail)
+        if "python3" in probe.stdout:
+            return SysfsSampler(conn, interval_ms, rails_spec=rails, gpu_rail=gpu_rail, cpu_rail=cpu_rail)
+        return NoSampler(f"no telemetry source on '{conn.name}': tegrastats and python3 not found")
+    raise ValueError(f"unknown telemetry.source '{source}'")
