@@ -1,0 +1,638 @@
+"""Reports over recorded runs: a self-contained HTML page, a markdown summary, PNG plots; and export.
+
+`build_report(df, ...)` takes a run table from `jbench.tracking.runs_frame` (trial runs; sweep runs
+may be included) and writes into out_dir:
+  * report.html: one page, no external resource and no script: every plot is a PNG embedded as a
+    base64 data URI, styles are inline;
+  * report.md: the same sections as markdown (tables, and the PNGs by file name);
+  * one PNG per plot (matplotlib, Agg canvas; pyplot's global state is not used).
+
+Sections, each drawn only when its data exists (otherwise the page says "not enough data for ..."
+and why), each followed by the table of the numbers behind it:
+  * runs: one row per trial (label, device, quant, depth, KV type, power mode, rates, status);
+  * quant ladder: decode tok/s (and tokens per joule when recorded) against bits per weight, one
+    line per configuration that differs in something other than the quant; bits per weight =
+    8 x bytes_per_weight(dominant_ggml_type(quant)) from gguf's GGML_QUANT_SIZES (Q4_K_M -> Q4_K
+    -> 4.5); with the roofline ceiling (metric roofline_decode_tps) dashed when recorded;
+  * context scaling: decode (and prefill) tok/s against params.backend.depth, one line per KV type
+    (params.backend.cache_type_k) and other differing settings, roofline curve dashed when recorded;
+  * power modes: decode tok/s against metrics.decode_avg_power_w per configuration, the Pareto
+    frontier (no other point is both faster and lower-power) drawn as a step line, and tokens per
+    joule per params.power.mode;
+  * telemetry timelines (when `telemetry` is given): power, GPU clock and temperature against time,
+    phases shaded;
+  * findings: every tag `finding.<name>` of the runs.
+Error bars are the standard deviation of the pooled repetition samples when `samples` are given,
+else the root mean square of the runs' `<rate>_std`.
+A value is shown only where it was recorded: nothing missing is drawn as 0.
+
+`export_frame(df, path)`: Parquet (.parquet/.pq, needs pyarrow) or CSV (.csv, .csv.gz, ...).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .analysis.compare import TPJ_RE, SamplesArg, normalize_samples
+from .analysis.roofline import RooflineError, bytes_per_weight, dominant_ggml_type
+
+__all__ = ["ReportFiles", "build_report", "export_frame", "bits_per_weight", "pareto_frontier"]
+
+QUANT_P, QUANT_T = "params.model.quant", "tags.model.quant"
+DEPTH = "params.backend.depth"
+KV_K, KV_V = "params.backend.cache_type_k", "params.backend.cache_type_v"
+POWER_MODE = "params.power.mode"
+DEVICE = "tags.device.name"
+DECODE, PREFILL = "metrics.decode_tps", "metrics.prefill_tps"
+POWER_W = "metrics.decode_avg_power_w"
+ROOFLINE = "metrics.roofline_decode_tps"
+ROOFLINE_FRACTION = "metrics.roofline_fraction"
+# Settings that tell configurations apart in a plot's legend (when they vary within the data).
+SERIES_KEYS = (DEVICE, "params.model.name", QUANT_P, DEPTH, KV_K, KV_V, POWER_MODE, "params.backend.n_gen",
+               "params.backend.n_prompt", "params.backend.n_gpu_layers", "params.backend.flash_attn",
+               "params.backend.threads")
+MAX_SERIES = 10
+MAX_TIMELINES = 12
+TELEMETRY_CHANNELS = (("power_w", "power (W)"), ("gpu_freq_mhz", "GPU clock (MHz)"), ("temp_c", "temperature (°C)"))
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    html_path: Path
+    markdown_path: Path
+    pngs: dict[str, Path]  # section key (quant_ladder, context_scaling, power_modes, telemetry_<i>) -> file
+
+
+@dataclass
+class _Section:
+    key: str
+    title: str
+    text: str = ""
+    figures: list[tuple[str, bytes]] = field(default_factory=list)  # (file stem, PNG bytes)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    missing: str = ""  # "not enough data for ...": why nothing is drawn
+
+
+# --------------------------------------------------------------------------------------------
+# Small pure helpers
+
+
+def bits_per_weight(quant: str) -> float:
+    """Bits per weight of a llama.cpp quant: 8 x bytes per weight of its dominant ggml type."""
+    return bytes_per_weight(dominant_ggml_type(quant)) * 8.0
+
+
+def pareto_frontier(power: Sequence[float], speed: Sequence[float]) -> list[int]:
+    """Indices of the points no other point dominates (power <= and speed >=, one strictly), by power."""
+    idx = sorted(range(len(power)), key=lambda i: (power[i], -speed[i]))
+    out, best = [], -math.inf
+    for i in idx:
+        if speed[i] > best:
+            out.append(i)
+            best = speed[i]
+    return out
+
+
+def _col(df: pd.DataFrame, *names: str) -> Optional[pd.Series]:
+    for n in names:
+        if n in df.columns and df[n].notna().any():
+            return df[n]
+    return None
+
+
+def _num(s: Optional[pd.Series]) -> Optional[pd.Series]:
+    return None if s is None else pd.to_numeric(s, errors="coerce")
+
+
+def _tpj_column(df: pd.DataFrame, phase: str = "decode") -> Optional[str]:
+    names = [c for c in df.columns if TPJ_RE.match(c) and df[c].notna().any()]
+    for c in names:
+        if c.startswith(f"metrics.{phase}_"):
+            return c
+    bare = [c for c in names if not re.match(r"^metrics\.(prefill|decode)_", c)]
+    return bare[0] if bare else None
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(no rows)_\n"
+    cols = [str(c) for c in df.columns]
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(esc(_fmt(v)) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "<p><em>(no rows)</em></p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = []
+    for row in df.itertuples(index=False):
+        cells = []
+        for v in row:
+            cls = ' class="num"' if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else ""
+            cells.append(f"<td{cls}>{html.escape(_fmt(v))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _png(fig) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _figure(nrows: int = 1, ncols: int = 1, size=(8.0, 4.5), **kw):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes.ravel().tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# Data preparation
+
+
+def _trial_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "tags.jbench.kind" in df.columns:
+        df = df[df["tags.jbench.kind"].fillna("trial") == "trial"]
+    return df
+
+
+def _finished(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "FINISHED"] if "status" in df.columns else df
+
+
+def _varying(df: pd.DataFrame, exclude: Sequence[str]) -> list[str]:
+    keys = []
+    for k in SERIES_KEYS:
+        if k in exclude or k not in df.columns:
+            continue
+        if df[k].astype(str).nunique(dropna=False) > 1:
+            keys.append(k)
+    return keys
+
+
+def _series_label(keys: list[str], values: tuple) -> str:
+    if not keys:
+        return "all runs"
+    return ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in zip(keys, values))
+
+
+def _rate_error(rows: pd.DataFrame, rate: str, samples: dict) -> float:
+    """Std of pooled repetition samples if given, else RMS of the runs' <rate>_std."""
+    series = samples.get(f"{rate}_rep") if samples else None
+    if series:
+        pooled = [v for r in rows["run_id"] for v in series.get(r, ())]
+        if len(pooled) >= 2:
+            return float(np.std(pooled, ddof=1))
+    col = f"metrics.{rate}_std"
+    if col in rows.columns:
+        v = pd.to_numeric(rows[col], errors="coerce").dropna()
+        if len(v):
+            return float(np.sqrt(np.mean(np.square(v))))
+    return math.nan
+
+
+def _aggregate(rows: pd.DataFrame, by: list[str], samples: dict, extra: dict[str, str]) -> pd.DataFrame:
+    """One row per group: runs, decode/prefill mean and error, and the mean of each extra column."""
+    out = []
+    for key, g in rows.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rec = dict(zip(by, key))
+        rec["runs"] = len(g)
+        for rate, col in (("decode_tps", DECODE), ("prefill_tps", PREFILL)):
+            if col in g.columns:
+                vals = pd.to_numeric(g[col], errors="coerce").dropna()
+                rec[rate] = float(vals.mean()) if len(vals) else math.nan
+                rec[f"{rate}_err"] = _rate_error(g, rate, samples) if len(vals) else math.nan
+        for name, col in extra.items():
+            vals = pd.to_numeric(g[col], errors="coerce").dropna() if col in g.columns else pd.Series(dtype=float)
+            rec[name] = float(vals.mean()) if len(vals) else math.nan
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _rename_for_table(df: pd.DataFrame) -> pd.DataFrame:
+    return df.rename(columns=lambda c: c.split(".", 1)[1] if c.startswith(("params.", "tags.", "metrics.")) else c)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
+def _overview(df: pd.DataFrame, trials: pd.DataFrame) -> _Section:
+    sec = _Section("runs", "Runs")
+    exps = sorted(df["experiment"].dropna().unique()) if "experiment" in df.columns else []
+    sweeps = sorted(df["tags.jbench.sweep_id"].dropna().unique()) if "tags.jbench.sweep_id" in df.columns else []
+    n_ok = int((trials["status"] == "FINISHED").sum()) if "status" in trials.columns else len(trials)
+    t0, t1 = (trials["start_time"].min(), trials["start_time"].max()) if "start_time" in trials.columns and len(trials) else (None, None)
+    sec.text = (f"{len(trials)} trial run(s), {n_ok} finished; experiment(s): {', '.join(exps) or 'n/a'}; "
+                f"sweep(s): {len(sweeps)}" + (f"; from {t0:%Y-%m-%d %H:%M} to {t1:%Y-%m-%d %H:%M} UTC" if t0 is not None and pd.notna(t0) else ""))
+    cols = ["tags.jbench.sweep_id", "tags.jbench.trial_label", DEVICE, QUANT_P, DEPTH, KV_K, POWER_MODE,
+            DECODE, "metrics.decode_tps_std", PREFILL, "metrics.prefill_tps_std", _tpj_column(trials) or "",
+            ROOFLINE, ROOFLINE_FRACTION, "tags.roofline.regime", "status", "tags.jbench.failure_reason"]
+    cols = [c for c in cols if c and c in trials.columns and trials[c].notna().any()]
+    table = trials[cols].copy()
+    if len(table) > 500:
+        sec.text += f". The table lists the newest 500 of {len(table)} runs"
+        table = table.tail(500)
+    sec.tables.append(("one row per trial run", _rename_for_table(table)))
+    return sec
+
+
+def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
+    sec = _Section("quant_ladder", "Quant ladder")
+    quant = _col(rows, QUANT_P, QUANT_T)
+    if quant is None or DECODE not in rows.columns:
+        sec.missing = "not enough data for the quant ladder: no finished run has a quant and decode_tps"
+        return sec
+    rows = rows.assign(_quant=quant.astype(str)).dropna(subset=[DECODE])
+    bpw, unknown = {}, []
+    for q in rows["_quant"].unique():
+        try:
+            bpw[q] = bits_per_weight(q)
+        except RooflineError:
+            unknown.append(q)
+    rows = rows[rows["_quant"].isin(bpw)]
+    keys = _varying(rows, exclude=(QUANT_P,))
+    tpj = _tpj_column(rows)
+    agg = _aggregate(rows, keys + ["_quant"], samples,
+                     {"tokens_per_joule": tpj or "", "roofline_decode_tps": ROOFLINE})
+    if agg.empty:
+        sec.missing = "not enough data for the quant ladder: no finished run with a known quant"
+        return sec
+    agg["bits_per_weight"] = agg["_quant"].map(bpw)
+    series = [(k, g.sort_values("bits_per_weight")) for k, g in agg.groupby(keys, sort=False)] if keys else [((), agg.sort_values("bits_per_weight"))]
+    series = [(k if isinstance(k, tuple) else (k,), g) for k, g in series if g["_quant"].nunique() >= 2]
+    if not series:
+        sec.missing = ("not enough data for the quant ladder: it needs finished runs at two or more quants of "
+                       "an otherwise identical configuration")
+        return sec
+    series = sorted(series, key=lambda kg: -len(kg[1]))[:MAX_SERIES]
+    has_tpj = agg["tokens_per_joule"].notna().any()
+    fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 4.8))
+    ax = axes[0]
+    for i, (key, g) in enumerate(series):
+        color = f"C{i % 10}"
+        ax.errorbar(g["bits_per_weight"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o",
+                    color=color, capsize=3, label=_series_label(keys, key))
+        for _, r in g.iterrows():
+            ax.annotate(r["_quant"], (r["bits_per_weight"], r["decode_tps"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+        roof = g.dropna(subset=["roofline_decode_tps"])
+        if len(roof):
+            ax.plot(roof["bits_per_weight"], roof["roofline_decode_tps"], linestyle="--", color=color,
+                    label=f"roofline ({_series_label(keys, key)})" if keys else "roofline ceiling")
+        if has_tpj:
+            t = g.dropna(subset=["tokens_per_joule"])
+            if len(t):
+                axes[1].plot(t["bits_per_weight"], t["tokens_per_joule"], marker="s", color=color,
+                             label=_series_label(keys, key))
+    ax.set_xlabel("bits per weight (dominant ggml type)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("decode speed vs bits per weight")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if has_tpj:
+        axes[1].set_xlabel("bits per weight (dominant ggml type)")
+        axes[1].set_ylabel("decode tokens per joule")
+        axes[1].set_title("energy efficiency vs bits per weight")
+        axes[1].grid(alpha=0.3)
+    sec.figures.append(("quant_ladder", _png(fig)))
+    table = agg.rename(columns={"_quant": "quant"}).sort_values(keys + ["bits_per_weight"])
+    table = table.dropna(axis=1, how="all")
+    sec.tables.append(("mean over runs per quant; err = standard deviation of repetitions", _rename_for_table(table)))
+    if unknown:
+        sec.text = f"Quants without a known bits-per-weight figure, left out: {', '.join(sorted(unknown))}."
+    return sec
+
+
+def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
+    sec = _Section("context_scaling", "Context scaling")
+    depth = _num(_col(rows, DEPTH))
+    if depth is None or DECODE not in rows.columns:
+        sec.missing = "not enough data for context scaling: no finished run records params.backend.depth and decode_tps"
+        return sec
+    rows = rows.assign(_depth=depth).dropna(subset=["_depth", DECODE])
+    rows = rows.assign(_kv=(rows[KV_K].astype(str) if KV_K in rows.columns else "f16"))
+    if KV_V in rows.columns:
+        rows["_kv"] = [k if str(v) == k else f"K {k} / V {v}" for k, v in zip(rows["_kv"], rows[KV_V].astype(str))]
+    keys = _varying(rows, exclude=(DEPTH, KV_K, KV_V))
+    agg = _aggregate(rows, ["_kv"] + keys + ["_depth"], samples, {"roofline_decode_tps": ROOFLINE})
+    groups = [(k, g.sort_values("_depth")) for k, g in agg.groupby(["_kv"] + keys, sort=False)]
+    groups = [(k if isinstance(k, tuple) else (k,), g) for k, g in groups if g["_depth"].nunique() >= 2]
+    if not groups:
+        sec.missing = ("not enough data for context scaling: it needs finished runs at two or more depths "
+                       "(params.backend.depth) of an otherwise identical configuration")
+        return sec
+    groups = sorted(groups, key=lambda kg: -len(kg[1]))[:MAX_SERIES]
+    has_prefill = "prefill_tps" in agg.columns and agg["prefill_tps"].notna().any()
+    fig, axes = _figure(1, 2 if has_prefill else 1, size=(11.0 if has_prefill else 8.0, 4.8))
+    for i, (key, g) in enumerate(groups):
+        color = f"C{i % 10}"
+        label = f"KV {key[0]}" + (f", {_series_label(keys, key[1:])}" if keys else "")
+        axes[0].errorbar(g["_depth"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o", color=color,
+                         capsize=3, label=label)
+        roof = g.dropna(subset=["roofline_decode_tps"])
+        if len(roof):
+            axes[0].plot(roof["_depth"], roof["roofline_decode_tps"], linestyle="--", color=color,
+                         label=f"roofline, {label}")
+        if has_prefill:
+            axes[1].errorbar(g["_depth"], g["prefill_tps"], yerr=g["prefill_tps_err"].fillna(0), marker="o",
+                             color=color, capsize=3, label=label)
+    for ax, what in zip(axes, ("decode", "prefill")):
+        ax.set_xlabel("context depth (tokens in the KV cache)")
+        ax.set_ylabel(f"{what} tok/s")
+        ax.set_title(f"{what} speed vs context depth")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    sec.figures.append(("context_scaling", _png(fig)))
+    table = agg.rename(columns={"_kv": "kv_type", "_depth": "depth"}).dropna(axis=1, how="all")
+    sec.tables.append(("mean over runs per depth and KV type", _rename_for_table(table)))
+    return sec
+
+
+def _power_modes(rows: pd.DataFrame, samples: dict) -> _Section:
+    sec = _Section("power_modes", "Power modes")
+    power = _num(_col(rows, POWER_W))
+    if power is None or DECODE not in rows.columns:
+        sec.missing = "not enough data for power modes: no finished run has metrics.decode_avg_power_w"
+        return sec
+    mode = _col(rows, POWER_MODE, "tags.power.mode_actual")
+    rows = rows.assign(_power=power, _mode=(mode.astype(str) if mode is not None else "(default)"))
+    rows = rows.dropna(subset=["_power", DECODE])
+    tpj = _tpj_column(rows)
+    key = ["tags.jbench.config_hash"] if "tags.jbench.config_hash" in rows.columns else ["run_id"]
+    agg = _aggregate(rows, ["_mode"] + _varying(rows, exclude=(POWER_MODE,)) + key, samples,
+                     {"decode_avg_power_w": "_power", "tokens_per_joule": tpj or ""})
+    if len(agg) < 2:
+        sec.missing = "not enough data for power modes: it needs two or more configurations with decode power measured"
+        return sec
+    front = pareto_frontier(list(agg["decode_avg_power_w"]), list(agg["decode_tps"]))
+    agg["pareto"] = [i in front for i in range(len(agg))]
+    has_tpj = agg["tokens_per_joule"].notna().any()
+    fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 4.8))
+    ax = axes[0]
+    modes = list(dict.fromkeys(agg["_mode"]))
+    for i, m in enumerate(modes):
+        g = agg[agg["_mode"] == m]
+        ax.errorbar(g["decode_avg_power_w"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), fmt="o",
+                    color=f"C{i % 10}", capsize=3, label=f"mode {m}")
+    fr = agg.iloc[front].sort_values("decode_avg_power_w")
+    ax.step(fr["decode_avg_power_w"], fr["decode_tps"], where="post", color="black", linestyle=":",
+            label="Pareto frontier")
+    ax.set_xlabel("average power during decode (W)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("speed vs power")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if has_tpj:
+        per_mode = agg.groupby("_mode", sort=False)["tokens_per_joule"].mean().dropna()
+        axes[1].bar([str(m) for m in per_mode.index], per_mode.values, color=[f"C{modes.index(m) % 10}" for m in per_mode.index])
+        axes[1].set_xlabel("power mode")
+        axes[1].set_ylabel("decode tokens per joule")
+        axes[1].set_title("tokens per joule per power mode")
+        axes[1].grid(alpha=0.3, axis="y")
+    sec.figures.append(("power_modes", _png(fig)))
+    table = agg.rename(columns={"_mode": "power_mode"}).drop(columns=key).dropna(axis=1, how="all")
+    sec.tables.append(("mean over runs per configuration; pareto = on the speed/power frontier", _rename_for_table(table)))
+    if has_tpj:
+        per_mode = agg.groupby("_mode", sort=False).agg(configurations=("runs", "size"),
+                                                        decode_tokens_per_joule=("tokens_per_joule", "mean"))
+        sec.tables.append(("tokens per joule per power mode (mean over configurations)",
+                           per_mode.reset_index().rename(columns={"_mode": "power_mode"})))
+    return sec
+
+
+def _phase_windows(tel: pd.DataFrame) -> list[tuple[str, float, float]]:
+    if "phase" not in tel.columns:
+        return []
+    out: list[tuple[str, float, float]] = []
+    cur, start, last = None, None, None
+    for t, p in zip(tel["t"], tel["phase"]):
+        p = p if isinstance(p, str) and p else None
+        if p != cur:
+            if cur is not None:
+                out.append((cur, start, last))
+            cur, start = p, t
+        last = t
+    if cur is not None:
+        out.append((cur, start, last))
+    return out
+
+
+def _telemetry(telemetry: pd.DataFrame, trials: pd.DataFrame) -> _Section:
+    sec = _Section("telemetry", "Telemetry timelines")
+    if telemetry is None or telemetry.empty or "t" not in telemetry.columns:
+        sec.missing = "not enough data for telemetry timelines: no telemetry samples (columns t, power_w, ...)"
+        return sec
+    channels = [(c, label) for c, label in TELEMETRY_CHANNELS if c in telemetry.columns and telemetry[c].notna().any()]
+    if not channels:
+        sec.missing = "not enough data for telemetry timelines: no power_w, gpu_freq_mhz or temp_c samples"
+        return sec
+    extra_windows = telemetry.attrs.get("phases") or []  # [{"run_id"?, "phase", "t0", "t1"}]
+    by_run = list(telemetry.groupby("run_id", sort=False)) if "run_id" in telemetry.columns else [(None, telemetry)]
+    if len(by_run) > MAX_TIMELINES:
+        sec.text = f"Showing the first {MAX_TIMELINES} of {len(by_run)} runs with telemetry."
+        by_run = by_run[:MAX_TIMELINES]
+    labels = {}
+    if "tags.jbench.trial_label" in trials.columns:
+        labels = dict(zip(trials["run_id"], trials["tags.jbench.trial_label"]))
+    summary = []
+    phase_colors: dict[str, str] = {}
+    for i, (run_id, g) in enumerate(by_run):
+        g = g.sort_values("t")
+        windows = _phase_windows(g) + [(w["phase"], float(w["t0"]), float(w["t1"])) for w in extra_windows
+                                       if w.get("run_id") in (None, run_id)]
+        fig, axes = _figure(len(channels), 1, size=(9.0, 1.8 * len(channels) + 0.8), sharex=True)
+        for ax, (c, label) in zip(axes, channels):
+            ax.plot(g["t"], g[c], linewidth=1.0, color="C0")
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(alpha=0.3)
+            for phase, t0, t1 in windows:
+                color = phase_colors.setdefault(phase, f"C{(len(phase_colors) + 1) % 10}")
+                ax.axvspan(t0, t1, color=color, alpha=0.15, label=phase)
+        handles, names = axes[0].get_legend_handles_labels()
+        uniq = dict(zip(names, handles))
+        if uniq:
+            axes[0].legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper right")
+        axes[-1].set_xlabel("time (s)")
+        title = labels.get(run_id, run_id) if run_id is not None else "telemetry"
+        axes[0].set_title(f"{title}" + (f" ({str(run_id)[:12]})" if run_id is not None and title != run_id else ""), fontsize=9)
+        sec.figures.append((f"telemetry_{i + 1}", _png(fig)))
+        for phase, t0, t1 in windows or [("(whole series)", float(g["t"].min()), float(g["t"].max()))]:
+            w = g[(g["t"] >= t0) & (g["t"] <= t1)]
+            rec = {"run": title, "phase": phase, "t0_s": t0, "t1_s": t1, "samples": len(w)}
+            if "power_w" in w.columns:
+                rec["mean_power_w"] = float(w["power_w"].mean()) if len(w) else math.nan
+            if "gpu_freq_mhz" in w.columns:
+                rec["mean_gpu_freq_mhz"] = float(w["gpu_freq_mhz"].mean()) if len(w) else math.nan
+            if "temp_c" in w.columns:
+                rec["max_temp_c"] = float(w["temp_c"].max()) if len(w) else math.nan
+            summary.append(rec)
+    sec.tables.append(("per run and phase", pd.DataFrame(summary)))
+    return sec
+
+
+def _findings(df: pd.DataFrame) -> _Section:
+    sec = _Section("findings", "Findings")
+    cols = [c for c in df.columns if c.startswith("tags.finding.")]
+    rows = []
+    for c in cols:
+        for _, r in df[df[c].notna()].iterrows():
+            who = r.get("tags.jbench.trial_label")
+            if not isinstance(who, str):
+                who = f"sweep {r.get('tags.jbench.sweep_id')}" if r.get("tags.jbench.kind") == "sweep" else r["run_id"][:12]
+            rows.append({"finding": c[len("tags.finding."):], "value": r[c], "run": who, "run_id": r["run_id"]})
+    if not rows:
+        sec.missing = "no findings recorded (no run has a tag finding.*)"
+        return sec
+    sec.tables.append(("tags finding.* of the runs", pd.DataFrame(rows)))
+    return sec
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.8em;margin:.5em 0 1.5em}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
+img{max-width:100%;height:auto;border:1px solid #eee}.missing{color:#8a5a00;background:#fff7e6;padding:.5em;border-left:3px solid #e0a000}
+caption{caption-side:top;text-align:left;color:#555;font-style:italic}.tablewrap{overflow-x:auto}
+"""
+
+
+def _render_html(title: str, sections: list[_Section], pngs: dict[str, bytes]) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>", "<ul>"]
+    parts += [f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections]
+    parts.append("</ul>")
+    for s in sections:
+        parts.append(f'<h2 id="{s.key}">{html.escape(s.title)}</h2>')
+        if s.missing:
+            parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
+        if s.text:
+            parts.append(f"<p>{html.escape(s.text)}</p>")
+        for stem, _ in s.figures:
+            data = base64.b64encode(pngs[stem]).decode("ascii")
+            parts.append(f'<p><img alt="{html.escape(stem)}" src="data:image/png;base64,{data}"></p>')
+        for caption, table in s.tables:
+            parts.append(f'<p><em>{html.escape(caption)}</em></p><div class="tablewrap">{_html_table(table)}</div>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _render_markdown(title: str, sections: list[_Section], files: dict[str, Path]) -> str:
+    lines = [f"# {title}", ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        if s.missing:
+            lines += [f"_{s.missing}_", ""]
+        if s.text:
+            lines += [s.text, ""]
+        for stem, _ in s.figures:
+            lines += [f"![{stem}]({files[stem].name})", ""]
+        for caption, table in s.tables:
+            lines += [f"_{caption}_", "", _md_table(table)]
+    return "\n".join(lines)
+
+
+def build_report(
+    df: pd.DataFrame,
+    samples: SamplesArg = None,
+    telemetry: Optional[pd.DataFrame] = None,
+    *,
+    out_dir: str | Path,
+    title: str = "jbench report",
+) -> ReportFiles:
+    """Write report.html, report.md and the PNGs into out_dir (created); see the module doc.
+
+    samples: {stepped metric: {run_id: values}} (a flat {run_id: values} is decode_tps_rep), or a
+    callable (run_ids, stepped metric) -> {run_id: values}; used for error bars only.
+    telemetry: samples with columns t (s), power_w, gpu_freq_mhz, temp_c (any present), optional
+    run_id (one timeline per run) and phase (a label per sample; contiguous samples with the same
+    label form a shaded window); windows may also come as telemetry.attrs["phases"] =
+    [{"run_id": ..., "phase": ..., "t0": ..., "t1": ...}].
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trials = _trial_rows(df)
+    finished = _finished(trials)
+    norm = normalize_samples(samples)
+    if callable(norm):
+        ids = list(finished["run_id"])
+        norm = {m: dict(norm(ids, m)) for m in ("decode_tps_rep", "prefill_tps_rep")} if ids else {}
+    sections = [
+        _overview(df, trials),
+        _quant_ladder(finished, norm),
+        _context_scaling(finished, norm),
+        _power_modes(finished, norm),
+    ]
+    if telemetry is not None:
+        sections.append(_telemetry(telemetry, trials))
+    sections.append(_findings(df))
+    pngs: dict[str, bytes] = {stem: data for s in sections for stem, data in s.figures}
+    files: dict[str, Path] = {}
+    for stem, data in pngs.items():
+        path = out / f"{stem}.png"
+        path.write_bytes(data)
+        files[stem] = path
+    html_path = out / "report.html"
+    md_path = out / "report.md"
+    html_path.write_text(_render_html(title, sections, pngs), encoding="utf-8")
+    md_path.write_text(_render_markdown(title, sections, files), encoding="utf-8")
+    return ReportFiles(html_path, md_path, files)
+
+
+def export_frame(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write a run table as Parquet (.parquet, .pq: needs pyarrow) or CSV (.csv, optionally compressed,
+    e.g. .csv.gz). Datetimes stay UTC. Returns the path. Other suffixes raise ValueError."""
+    path = Path(path)
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in (".parquet", ".pq"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError(f"writing {path.name} needs pyarrow (pip install pyarrow); or export to .csv") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Object columns mix str and missing values; keep them as strings for a stable schema.
+        out = df.copy()
+        for c in out.columns:
+            if out[c].dtype == object:
+                out[c] = out[c].map(lambda v: v if v is None or isinstance(v, str) else str(v))
+        out.to_parquet(path, index=False)
+        return path
+    if ".csv" in suffixes:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(path, index=False)
+        return path
+    raise ValueError(f"cannot tell the format of '{path.name}': use a .parquet, .pq or .csv file name")
