@@ -123,8 +123,14 @@ def measure(trial: Trial, backend: Backend, conn: Connection, log: logging.Logge
 
 
 def samples_csv(samples: list[dict]) -> str:
-    import pandas as pd
+    """Samples as CSV, one column per signal any sample has (empty where a sample lacks it)."""
+    import csv
 
+    columns: dict[str, None] = {}
+    for s in samples:
+        columns.update(dict.fromkeys(s))
     buf = io.StringIO()
-    pd.DataFrame(samples).to_csv(buf, index=False)
+    writer = csv.DictWriter(buf, fieldnames=list(columns), restval="")
+    writer.writeheader()
+    writer.writerows(samples)
     return buf.getvalue()
