@@ -26,6 +26,10 @@ class DevicePaths:
     nvpmodel_conf: str = "/etc/nvpmodel.conf"
     device_tree_model: str = "/proc/device-tree/model"
     tegra_release: str = "/etc/nv_tegra_release"
+    # Changes at every boot: how jbench knows a reboot really happened.
+    boot_id: str = "/proc/sys/kernel/random/boot_id"
+    # Root of sysfs for the INA3221 reader (telemetry.source=sysfs).
+    sysfs_root: str = "/sys"
     # jbench's own files on the device (power state file, jetson_clocks store); "~" = the login user's home.
     state_dir: str = "~/.cache/jbench"
 

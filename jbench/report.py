@@ -197,10 +197,51 @@ def _varying(df: pd.DataFrame, exclude: Sequence[str]) -> list[str]:
     return keys
 
 
+_SHORT = {DEVICE: "device", "params.model.name": "model", QUANT_P: "quant", DEPTH: "depth", KV_K: "K",
+          KV_V: "V", POWER_MODE: "power", "params.backend.n_gen": "n_gen", "params.backend.n_prompt": "n_prompt",
+          "params.backend.n_gpu_layers": "ngl", "params.backend.flash_attn": "fa", "params.backend.threads": "threads"}
+
+
 def _series_label(keys: list[str], values: tuple) -> str:
     if not keys:
         return "all runs"
-    return ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in zip(keys, values))
+    pairs = dict(zip(keys, values))
+    if KV_K in pairs and KV_V in pairs and str(pairs[KV_K]) == str(pairs[KV_V]):
+        pairs["KV"] = pairs.pop(KV_K)
+        pairs.pop(KV_V)
+    return ", ".join(f"{_SHORT.get(k, k.split('.', 1)[-1])}={v}" for k, v in pairs.items())
+
+
+def _legend(fig, axes, extra: Sequence = ()) -> None:
+    """One legend for the figure, below the plots, each label once."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if not label.startswith("_"):
+                seen.setdefault(label, h)
+    for h, label in extra:
+        seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside lower center", fontsize=7,
+                   ncol=2 if len(seen) > 3 else len(seen), frameon=False)
+
+
+def _roofline_proxy():
+    from matplotlib.lines import Line2D
+
+    return (Line2D([], [], color="grey", linestyle="--"), "roofline ceiling (dashed, same colour)")
+
+
+def _bpw_ticks(ax, table: pd.DataFrame) -> None:
+    """x ticks at each bits-per-weight value, labelled with the quants there."""
+    names: dict[float, list[str]] = {}
+    for b, q in zip(table["bits_per_weight"], table["_quant"]):
+        names.setdefault(float(b), [])
+        if q not in names[float(b)]:
+            names[float(b)].append(q)
+    ticks = sorted(names)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{b:g}\n" + "\n".join(names[b]) for b in ticks], fontsize=7)
 
 
 def _rate_error(rows: pd.DataFrame, rate: str, samples: dict) -> float:
@@ -295,34 +336,31 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
         return sec
     series = sorted(series, key=lambda kg: -len(kg[1]))[:MAX_SERIES]
     has_tpj = agg["tokens_per_joule"].notna().any()
-    fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 4.8))
+    fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 5.0 + 0.18 * len(series)))
     ax = axes[0]
+    any_roof = False
     for i, (key, g) in enumerate(series):
         color = f"C{i % 10}"
         ax.errorbar(g["bits_per_weight"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o",
                     color=color, capsize=3, label=_series_label(keys, key))
-        for _, r in g.iterrows():
-            ax.annotate(r["_quant"], (r["bits_per_weight"], r["decode_tps"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
         roof = g.dropna(subset=["roofline_decode_tps"])
         if len(roof):
-            ax.plot(roof["bits_per_weight"], roof["roofline_decode_tps"], linestyle="--", color=color,
-                    label=f"roofline ({_series_label(keys, key)})" if keys else "roofline ceiling")
+            any_roof = True
+            ax.plot(roof["bits_per_weight"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
         if has_tpj:
             t = g.dropna(subset=["tokens_per_joule"])
             if len(t):
-                axes[1].plot(t["bits_per_weight"], t["tokens_per_joule"], marker="s", color=color,
-                             label=_series_label(keys, key))
-    ax.set_xlabel("bits per weight (dominant ggml type)")
+                axes[1].plot(t["bits_per_weight"], t["tokens_per_joule"], marker="s", color=color)
     ax.set_ylabel("decode tok/s")
     ax.set_title("decode speed vs bits per weight")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     if has_tpj:
-        axes[1].set_xlabel("bits per weight (dominant ggml type)")
         axes[1].set_ylabel("decode tokens per joule")
         axes[1].set_title("energy efficiency vs bits per weight")
-        axes[1].grid(alpha=0.3)
+    for a in axes:
+        a.set_xlabel("bits per weight (dominant ggml type)")
+        a.grid(alpha=0.3)
+        _bpw_ticks(a, agg)
+    _legend(fig, axes, [_roofline_proxy()] if any_roof else [])
     sec.figures.append(("quant_ladder", _png(fig)))
     table = agg.rename(columns={"_quant": "quant"}).sort_values(keys + ["bits_per_weight"])
     table = table.dropna(axis=1, how="all")
@@ -352,7 +390,8 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
         return sec
     groups = sorted(groups, key=lambda kg: -len(kg[1]))[:MAX_SERIES]
     has_prefill = "prefill_tps" in agg.columns and agg["prefill_tps"].notna().any()
-    fig, axes = _figure(1, 2 if has_prefill else 1, size=(11.0 if has_prefill else 8.0, 4.8))
+    fig, axes = _figure(1, 2 if has_prefill else 1, size=(11.0 if has_prefill else 8.0, 5.0 + 0.18 * len(groups)))
+    any_roof = False
     for i, (key, g) in enumerate(groups):
         color = f"C{i % 10}"
         label = f"KV {key[0]}" + (f", {_series_label(keys, key[1:])}" if keys else "")
@@ -360,8 +399,8 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
                          capsize=3, label=label)
         roof = g.dropna(subset=["roofline_decode_tps"])
         if len(roof):
-            axes[0].plot(roof["_depth"], roof["roofline_decode_tps"], linestyle="--", color=color,
-                         label=f"roofline, {label}")
+            any_roof = True
+            axes[0].plot(roof["_depth"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
         if has_prefill:
             axes[1].errorbar(g["_depth"], g["prefill_tps"], yerr=g["prefill_tps_err"].fillna(0), marker="o",
                              color=color, capsize=3, label=label)
@@ -370,7 +409,7 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
         ax.set_ylabel(f"{what} tok/s")
         ax.set_title(f"{what} speed vs context depth")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend(fig, axes, [_roofline_proxy()] if any_roof else [])
     sec.figures.append(("context_scaling", _png(fig)))
     table = agg.rename(columns={"_kv": "kv_type", "_depth": "depth"}).dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per depth and KV type", _rename_for_table(table)))
@@ -410,7 +449,6 @@ def _power_modes(rows: pd.DataFrame, samples: dict) -> _Section:
     ax.set_ylabel("decode tok/s")
     ax.set_title("speed vs power")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     if has_tpj:
         per_mode = agg.groupby("_mode", sort=False)["tokens_per_joule"].mean().dropna()
         axes[1].bar([str(m) for m in per_mode.index], per_mode.values, color=[f"C{modes.index(m) % 10}" for m in per_mode.index])
@@ -418,6 +456,7 @@ def _power_modes(rows: pd.DataFrame, samples: dict) -> _Section:
         axes[1].set_ylabel("decode tokens per joule")
         axes[1].set_title("tokens per joule per power mode")
         axes[1].grid(alpha=0.3, axis="y")
+    _legend(fig, axes[:1])
     sec.figures.append(("power_modes", _png(fig)))
     table = agg.rename(columns={"_mode": "power_mode"}).drop(columns=key).dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per configuration; pareto = on the speed/power frontier", _rename_for_table(table)))
@@ -438,7 +477,7 @@ def _phase_windows(tel: pd.DataFrame) -> list[tuple[str, float, float]]:
         p = p if isinstance(p, str) and p else None
         if p != cur:
             if cur is not None:
-                out.append((cur, start, last))
+                out.append((cur, start, t))  # a phase lasts until the first sample of the next one
             cur, start = p, t
         last = t
     if cur is not None:

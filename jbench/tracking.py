@@ -201,6 +201,71 @@ def _search_all(client: MlflowClient, experiment_ids: list[str], filter_string: 
             return runs
 
 
+def _sql_store(client: MlflowClient):
+    """The client's store when it is MLflow's plain SQLAlchemy store (SQLite, PostgreSQL, MySQL), else None."""
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    except ImportError:  # pragma: no cover - mlflow-skinny without SQL support
+        return None
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    return store if type(store) is SqlAlchemyStore else None
+
+
+def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None, run_ids=None) -> list[tuple]:
+    """(run_id, experiment_id, status, start_time, end_time, params, metrics, tags) of the active runs
+    of the experiments that pass keep(run_id, tags), read with SQLAlchemy Core selects over MLflow's
+    own table definitions: the rows search_runs reads (metrics = latest_metrics, as Run.data.metrics),
+    without building ORM objects, which is what makes search_runs take ~3-5 ms a run."""
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlParam, SqlRun, SqlTag
+    from sqlalchemy import select
+
+    runs_t, tags_t = SqlRun.__table__, SqlTag.__table__
+    params_t, metrics_t = SqlParam.__table__, SqlLatestMetric.__table__
+    ids = [int(e) if str(e).isdigit() else e for e in exp_ids]
+    active = (runs_t.c.experiment_id.in_(ids)) & (runs_t.c.lifecycle_stage == "active")
+    # Narrow in the database where a criterion names values (keep() still checks every run).
+    for key, values in (("jbench.kind", kinds), ("jbench.sweep_id", sweep_ids)):
+        if values is not None and len(values) <= 500:
+            active &= runs_t.c.run_uuid.in_(select(tags_t.c.run_uuid).where(
+                (tags_t.c.key == key) & tags_t.c.value.in_(list(values))))
+    if run_ids is not None and len(run_ids) <= 500:
+        active &= runs_t.c.run_uuid.in_(list(run_ids))
+    with store.engine.connect() as conn:
+        info = {r[0]: r for r in conn.execute(select(runs_t.c.run_uuid, runs_t.c.experiment_id, runs_t.c.status,
+                                                     runs_t.c.start_time, runs_t.c.end_time).where(active)).all()}
+        tags: dict[str, dict[str, str]] = {run_id: {} for run_id in info}
+        for run_id, key, value in conn.execute(
+                select(tags_t.c.run_uuid, tags_t.c.key, tags_t.c.value)
+                .select_from(tags_t.join(runs_t, tags_t.c.run_uuid == runs_t.c.run_uuid)).where(active)).all():
+            tags[run_id][key] = value
+        chosen = {run_id for run_id in info if keep(run_id, tags[run_id])}
+        params: dict[str, dict[str, str]] = {run_id: {} for run_id in chosen}
+        metrics: dict[str, dict[str, float]] = {run_id: {} for run_id in chosen}
+        if chosen:
+            if len(chosen) * 2 >= len(info):  # most runs: one pass over the experiments, filtered here
+                where_p = where_m = active
+                join_p = params_t.join(runs_t, params_t.c.run_uuid == runs_t.c.run_uuid)
+                join_m = metrics_t.join(runs_t, metrics_t.c.run_uuid == runs_t.c.run_uuid)
+                batches = [(where_p, where_m, join_p, join_m)]
+            else:  # a few runs: by run id, in chunks the database accepts
+                ordered = sorted(chosen)
+                batches = [(params_t.c.run_uuid.in_(ordered[i:i + 500]), metrics_t.c.run_uuid.in_(ordered[i:i + 500]),
+                            params_t, metrics_t) for i in range(0, len(ordered), 500)]
+            for where_p, where_m, from_p, from_m in batches:
+                for run_id, key, value in conn.execute(
+                        select(params_t.c.run_uuid, params_t.c.key, params_t.c.value).select_from(from_p)
+                        .where(where_p)).all():
+                    if run_id in chosen:
+                        params[run_id][key] = value
+                for run_id, key, value, is_nan in conn.execute(
+                        select(metrics_t.c.run_uuid, metrics_t.c.key, metrics_t.c.value, metrics_t.c.is_nan)
+                        .select_from(from_m).where(where_m)).all():
+                    if run_id in chosen:
+                        metrics[run_id][key] = math.nan if is_nan else float(value)
+    return [(run_id, str(info[run_id][1]), info[run_id][2], info[run_id][3], info[run_id][4],
+             params[run_id], metrics[run_id], tags[run_id]) for run_id in chosen]
+
+
 def runs_frame(
     uri_or_tracker: Any,
     experiment_names: Optional[list[str]] = None,
@@ -209,6 +274,7 @@ def runs_frame(
     run_ids: Optional[Iterable[str]] = None,
     tag_filters: Optional[dict[str, Any]] = None,
     kinds: Optional[Iterable[str]] = ("trial",),
+    method: str = "auto",
 ):
     """Runs as a pandas DataFrame, one row per run.
 
@@ -221,9 +287,17 @@ def runs_frame(
     an unknown name raises LookupError), sweep_ids (tag jbench.sweep_id), run_ids, tag_filters
     ({tag: exact value}), kinds (tag jbench.kind; None: every run, e.g. also runs without the tag).
     Deleted runs are not read. Rows are ordered by start_time, then run_id.
+
+    method: "search" reads through MlflowClient.search_runs (5000 runs a page; any store, MLflow
+    servers included); "sql" reads the same rows of an SQL store (MLflow's SQLAlchemy store) with
+    plain SELECTs over MLflow's table definitions, ~10x faster on 10,000 runs because no ORM
+    objects are built; "auto" (default): "sql" where the store is MLflow's SQLAlchemy store, else
+    "search". A test checks that both give the same frame.
     """
     import pandas as pd
 
+    if method not in ("auto", "search", "sql"):
+        raise ValueError(f"method must be 'auto', 'search' or 'sql', not {method!r}")
     client = _reading_client(uri_or_tracker)
     if experiment_names is None:
         experiments = []
@@ -245,57 +319,57 @@ def runs_frame(
 
     kinds = None if kinds is None else list(dict.fromkeys(kinds))
     tag_filters = {k: str(v) for k, v in (tag_filters or {}).items()}
-    base: list[str] = []
-    client_side_tags: dict[str, str] = {}
-    for key, value in tag_filters.items():
-        if _quotable(key) and _quotable(value):
-            base.append(f"tags.`{key}` = '{value}'")
-        else:
-            client_side_tags[key] = value
-    if kinds is not None and len(kinds) == 1 and _quotable(kinds[0]):
-        base.append(f"tags.`jbench.kind` = '{kinds[0]}'")
-    # MLflow accepts IN only for run_id, so several sweep ids mean one search each.
     sweep_list = None if sweep_ids is None else [str(s) for s in dict.fromkeys(sweep_ids)]
-    sweep_clauses: list[Optional[str]] = [None]
-    if sweep_list is not None:
-        sweep_clauses = [f"tags.`jbench.sweep_id` = '{s}'" for s in sweep_list if _quotable(s)]
     id_list = None if run_ids is None else [str(r) for r in dict.fromkeys(run_ids)]
-    id_clauses: list[Optional[str]] = [None]
-    if id_list is not None:
-        id_clauses = [
-            "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in id_list[i:i + _RUN_ID_CHUNK]) + ")"
-            for i in range(0, len(id_list), _RUN_ID_CHUNK)
-            if all(_quotable(r) for r in id_list[i:i + _RUN_ID_CHUNK])
-        ]
+    sweep_set = None if sweep_list is None else set(sweep_list)
+    id_set = None if id_list is None else set(id_list)
 
-    found: dict[str, Any] = {}
-    if exp_names:
+    def keep(run_id: str, tags: dict) -> bool:
+        return ((kinds is None or tags.get("jbench.kind") in kinds)
+                and (sweep_set is None or tags.get("jbench.sweep_id") in sweep_set)
+                and (id_set is None or run_id in id_set)
+                and all(tags.get(k) == v for k, v in tag_filters.items()))
+
+    store = _sql_store(client) if method in ("auto", "sql") else None
+    if method == "sql" and store is None:
+        raise ValueError(f"method='sql' needs MLflow's SQL store; {client.tracking_uri} is not one")
+    rows: list[tuple] = []
+    if not exp_names:
+        pass
+    elif store is not None:
+        rows = _runs_via_sql(store, list(exp_names), keep, kinds=kinds, sweep_ids=sweep_list, run_ids=id_list)
+    else:
+        # Filters go to the server where MLflow's search syntax allows (IN only for run_id, so several
+        # sweep ids mean one search each); everything is checked again here by keep().
+        base: list[str] = [f"tags.`{k}` = '{v}'" for k, v in tag_filters.items() if _quotable(k) and _quotable(v)]
+        if kinds is not None and len(kinds) == 1 and _quotable(kinds[0]):
+            base.append(f"tags.`jbench.kind` = '{kinds[0]}'")
+        sweep_clauses: list[Optional[str]] = [None]
+        if sweep_list is not None:
+            sweep_clauses = [f"tags.`jbench.sweep_id` = '{s}'" for s in sweep_list if _quotable(s)]
+        id_clauses: list[Optional[str]] = [None]
+        if id_list is not None:
+            id_clauses = [
+                "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in id_list[i:i + _RUN_ID_CHUNK]) + ")"
+                for i in range(0, len(id_list), _RUN_ID_CHUNK)
+                if all(_quotable(r) for r in id_list[i:i + _RUN_ID_CHUNK])
+            ]
+        found: dict[str, Any] = {}
         for sweep_clause in sweep_clauses:
             for id_clause in id_clauses:
                 clauses = base + [c for c in (sweep_clause, id_clause) if c]
                 for run in _search_all(client, list(exp_names), " and ".join(clauses)):
                     found.setdefault(run.info.run_id, run)
+        rows = [(r.info.run_id, r.info.experiment_id, r.info.status, r.info.start_time, r.info.end_time,
+                 r.data.params, r.data.metrics, r.data.tags)
+                for r in found.values() if keep(r.info.run_id, r.data.tags)]
 
     records = []
     keys: dict[str, set] = {"params": set(), "metrics": set(), "tags": set()}
-    for run in found.values():
-        tags = run.data.tags
-        if kinds is not None and tags.get("jbench.kind") not in kinds:
-            continue
-        if sweep_list is not None and tags.get("jbench.sweep_id") not in sweep_list:
-            continue
-        if id_list is not None and run.info.run_id not in id_list:
-            continue
-        if any(tags.get(k) != v for k, v in client_side_tags.items()):
-            continue
-        rec = {
-            "run_id": run.info.run_id,
-            "experiment": exp_names.get(run.info.experiment_id, run.info.experiment_id),
-            "status": run.info.status,
-            "start_time": run.info.start_time,
-            "end_time": run.info.end_time,
-        }
-        for group, values in (("params", run.data.params), ("metrics", run.data.metrics), ("tags", tags)):
+    for run_id, exp_id, status, start, end, params, metrics, tags in rows:
+        rec = {"run_id": run_id, "experiment": exp_names.get(exp_id, exp_id), "status": status,
+               "start_time": start, "end_time": end}
+        for group, values in (("params", params), ("metrics", metrics), ("tags", tags)):
             for k, v in values.items():
                 rec[f"{group}.{k}"] = v
             keys[group].update(values)

@@ -44,3 +44,4 @@ def jbench_cli(args: list[str], *, env_extra: dict | None = None, cwd: Path | No
     env.setdefault("COLUMNS", "200")
     exe = Path(sys.executable).with_name("jbench")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+from .emulated_jetson.fixtures import *  # noqa: F401,F403,E402  (emulated Jetson devices over real sshd)

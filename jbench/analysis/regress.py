@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -53,12 +53,10 @@ from .compare import (
     CONFIG_HASH,
     SamplesArg,
     _jsonable,
-    config_label,
     finished_trials,
     mann_whitney_u,
     min_attainable_p,
     normalize_samples,
-    samples_for,
 )
 
 __all__ = ["FINGERPRINT_TAGS", "MetricCheck", "ConfigResult", "RegressError", "RegressReport", "regress"]
@@ -305,12 +303,35 @@ def _baseline_kind(df: pd.DataFrame, baseline: str) -> tuple[str, Any]:
         "(YYYY-MM-DD) in the selected runs")
 
 
-def _fingerprint(row: pd.Series, keys: Sequence[str]) -> dict[str, Optional[str]]:
+def _fingerprint(row: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Optional[str]]:
     out = {}
     for k in keys:
         v = row.get(f"tags.{k}")
         out[k] = v if isinstance(v, str) and v != "" else None
     return out
+
+
+def _pooled(rows: list[dict], metric: str, series: Mapping[str, Sequence[float]]) -> list[float]:
+    """As compare.samples_for, over row dicts: repetition samples of the runs, else per-run values."""
+    out = [float(v) for r in rows for v in series.get(r["run_id"], ()) if v is not None and math.isfinite(float(v))]
+    if out:
+        return out
+    col = f"metrics.{metric}"
+    vals = []
+    for r in rows:
+        v = r.get(col)
+        if isinstance(v, (int, float, np.floating)) and math.isfinite(float(v)):
+            vals.append(float(v))
+    return vals
+
+
+def _label(rows: list[dict]) -> str:
+    last = rows[-1]
+    label = last.get("tags.jbench.trial_label")
+    if isinstance(label, str) and label:
+        return label
+    quant = last.get("tags.model.quant")
+    return f"model.quant={quant}" if isinstance(quant, str) else "(config)"
 
 
 def regress(
@@ -332,66 +353,70 @@ def regress(
         raise RegressError("no finished trial runs to check")
     if SWEEP not in trials.columns or trials[SWEEP].isna().all():
         raise RegressError("the runs carry no jbench.sweep_id tag")
-    trials = trials[trials[SWEEP].notna()].copy()
-    if DEVICE not in trials.columns:
-        trials[DEVICE] = ""
-    trials[DEVICE] = trials[DEVICE].fillna("")
-    trials = trials.sort_values(["start_time", "run_id"], kind="stable")
     kind, value = _baseline_kind(df, baseline)
-
     tagged_sweeps: set[str] = set()
-    if kind == "tag" and "tags.jbench.kind" in df.columns:
+    if kind == "tag" and "tags.jbench.kind" in df.columns and SWEEP in df.columns:
         parents = df[(df["tags.jbench.kind"] == "sweep") & (df[BASELINE_TAG] == value)]
-        tagged_sweeps = set(parents[SWEEP].dropna()) if SWEEP in parents.columns else set()
+        tagged_sweeps = set(parents[SWEEP].dropna())
     current_ids = None if current is None else ({current} if isinstance(current, str) else set(current))
 
+    # Plain row dicts from here: per-configuration pandas slicing of a 10,000-run table is what costs.
+    keep = ["run_id", "start_time", SWEEP, DEVICE, CONFIG_HASH, BASELINE_TAG, "tags.jbench.trial_label",
+            "tags.model.quant", *(f"tags.{k}" for k in fingerprint_tags), *(f"metrics.{m}" for m in metrics)]
+    trials = trials.loc[trials[SWEEP].notna(), [c for c in dict.fromkeys(keep) if c in trials.columns]]
+    trials = trials.sort_values(["start_time", "run_id"], kind="stable")
+    by_config: dict[tuple[str, str], list[dict]] = {}
+    for rec in trials.to_dict("records"):
+        device = rec.get(DEVICE)
+        device = device if isinstance(device, str) else ""
+        by_config.setdefault((device, rec[CONFIG_HASH]), []).append(rec)
+
     groups = []
-    for (device, h), rows in trials.groupby([DEVICE, CONFIG_HASH], sort=False):
-        sweep_start = rows.groupby(SWEEP, sort=False)["start_time"].min().sort_values(kind="stable")
-        order = list(sweep_start.index)
+    for (device, h), rows in by_config.items():
+        sweep_start: dict[str, Any] = {}
+        for r in rows:  # rows are in start order, so a sweep's first row is its start
+            sweep_start.setdefault(r[SWEEP], r["start_time"])
+        order = list(sweep_start)
         if current_ids is not None:
             now_sweeps = [s for s in order if s in current_ids]
             if not now_sweeps:
                 continue
         else:
             now_sweeps = [order[-1]]
-        now_rows = rows[rows[SWEEP].isin(now_sweeps)]
-        earlier = [s for s in order if s not in now_sweeps and sweep_start[s] <= sweep_start[now_sweeps[0]]]
-        rest = rows[~rows[SWEEP].isin(now_sweeps)]
+        now_set = set(now_sweeps)
+        now_rows = [r for r in rows if r[SWEEP] in now_set]
+        rest = [r for r in rows if r[SWEEP] not in now_set]
+        earlier = order[: order.index(now_sweeps[0])]
         if kind == "last":
-            base_rows = rest[rest[SWEEP] == earlier[-1]] if earlier else rest.iloc[0:0]
+            base_rows = [r for r in rest if earlier and r[SWEEP] == earlier[-1]]
         elif kind == "all":
-            base_rows = rest[rest[SWEEP].isin(earlier)]
+            ok = set(earlier)
+            base_rows = [r for r in rest if r[SWEEP] in ok]
         elif kind == "tag":
-            mask = rest[SWEEP].isin(tagged_sweeps)
-            if BASELINE_TAG in rest.columns:
-                mask |= rest[BASELINE_TAG] == value
-            base_rows = rest[mask]
+            base_rows = [r for r in rest if r[SWEEP] in tagged_sweeps or r.get(BASELINE_TAG) == value]
         elif kind == "sweep":
-            base_rows = rest[rest[SWEEP] == value]
+            base_rows = [r for r in rest if r[SWEEP] == value]
         else:  # date
-            base_rows = rest[rest["start_time"] < value]
+            base_rows = [r for r in rest if r["start_time"] < value]
         groups.append((device, h, rows, now_sweeps, now_rows, base_rows))
 
     # Read only the samples of the runs under test (a callable loader is asked once per metric).
     norm = normalize_samples(samples)
     if callable(norm):
-        needed = list(dict.fromkeys(r for g in groups for part in (g[4], g[5]) for r in part["run_id"]))
-        loaded = {f"{m}_rep": dict(norm(needed, f"{m}_rep")) if needed else {} for m in metrics}
-        norm = loaded
+        needed = list(dict.fromkeys(r["run_id"] for g in groups for part in (g[4], g[5]) for r in part))
+        norm = {f"{m}_rep": dict(norm(needed, f"{m}_rep")) if needed else {} for m in metrics}
 
     results = []
     for device, h, rows, now_sweeps, now_rows, base_rows in groups:
         checks = []
         for m in metrics:
-            base, _ = samples_for(base_rows, m, norm)
-            now, _ = samples_for(now_rows, m, norm)
-            checks.append(check_metric(base, now, m, alpha=alpha, min_change=min_change,
-                                       noise_factor=noise_factor, min_samples=min_samples))
+            series = norm.get(f"{m}_rep", {})
+            checks.append(check_metric(_pooled(base_rows, m, series), _pooled(now_rows, m, series), m, alpha=alpha,
+                                       min_change=min_change, noise_factor=noise_factor, min_samples=min_samples))
         changes = []
-        if not base_rows.empty:
-            fb = _fingerprint(base_rows.iloc[-1], fingerprint_tags)
-            fn = _fingerprint(now_rows.iloc[-1], fingerprint_tags)
+        if base_rows:
+            fb = _fingerprint(base_rows[-1], fingerprint_tags)
+            fn = _fingerprint(now_rows[-1], fingerprint_tags)
             changes = [f"{k} {fb[k] or '(none)'} -> {fn[k] or '(none)'}" for k in fingerprint_tags if fb[k] != fn[k]]
         verdicts = [c.verdict for c in checks]
         if all(v == INSUFFICIENT for v in verdicts):
@@ -410,7 +435,7 @@ def regress(
         if status == CHANGED_ENV and any(v in (REGRESSION, IMPROVEMENT) for v in verdicts):
             note = "the change coincides with a fingerprint change: not attributed to code"
         results.append(ConfigResult(
-            device=str(device), config_hash=str(h), label=config_label(rows), status=status,
-            now_sweep=",".join(now_sweeps), baseline_sweeps=list(dict.fromkeys(base_rows[SWEEP])),
+            device=device, config_hash=str(h), label=_label(rows), status=status,
+            now_sweep=",".join(now_sweeps), baseline_sweeps=list(dict.fromkeys(r[SWEEP] for r in base_rows)),
             checks=checks, fingerprint_changes=changes, note=note))
     return RegressReport(results, baseline, alpha, min_change, noise_factor)

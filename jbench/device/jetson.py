@@ -55,6 +55,7 @@ class ClockRange:
     min_hz: int
     max_hz: int
     current_hz: Optional[int] = None
+    freq_override: Optional[int] = None  # EMC FreqOverride=1 while jetson_clocks holds the clock
 
     @property
     def pinned(self) -> bool:
@@ -70,25 +71,30 @@ class ClocksShow:
 
     @property
     def locked(self) -> bool:
-        """jetson_clocks pins GPU and EMC at their maximum: min == max for both."""
-        return bool(self.gpu and self.emc and self.gpu.pinned and self.emc.pinned)
+        """jetson_clocks pins the GPU at its maximum (min == max) and holds the EMC clock: min == max,
+        or FreqOverride=1 (Thor keeps EMC min < max while locked)."""
+        if not (self.gpu and self.gpu.pinned):
+            return False
+        return self.emc is None or self.emc.pinned or self.emc.freq_override == 1
 
 
 def _range(line: str) -> Optional[ClockRange]:
     mn = re.search(r"MinFreq=(\d+)", line)
     mx = re.search(r"MaxFreq=(\d+)", line)
     cur = re.search(r"CurrentFreq=(\d+)", line)
+    override = re.search(r"FreqOverride=(\d+)", line)
     if not (mn and mx):
         return None
-    return ClockRange(int(mn.group(1)), int(mx.group(1)), int(cur.group(1)) if cur else None)
+    return ClockRange(int(mn.group(1)), int(mx.group(1)), int(cur.group(1)) if cur else None,
+                      int(override.group(1)) if override else None)
 
 
 def parse_clocks_show(text: str) -> ClocksShow:
     show = ClocksShow()
     for raw in text.splitlines():
         line = raw.strip()
-        if line.startswith("GPU "):
-            show.gpu = _range(line)
+        if line.startswith("GPU ") or (line.startswith("gpu-gpc-") and show.gpu is None):
+            show.gpu = _range(line)  # Thor names its GPU clocks gpu-gpc-0 / gpu-nvd-0
         elif line.startswith("EMC "):
             show.emc = _range(line)
         elif re.match(r"cpu\d+:", line):

@@ -65,8 +65,11 @@ class PowerStrategy:
         paths = device.get("paths") or {}
         state_dir = paths.get("state_dir", "~/.cache/jbench").rstrip("/")
         self.nvpmodel_conf = paths.get("nvpmodel_conf", "/etc/nvpmodel.conf")
+        self.boot_id_path = paths.get("boot_id", "/proc/sys/kernel/random/boot_id")
         self.state_file = f"{state_dir}/power-state-{device['name']}.json"
         self.clocks_file = f"{state_dir}/jetson_clocks-{device['name']}.store"
+        # The unlocked clocks of the current mode, stored right before jbench locks them.
+        self.unlocked_file = f"{state_dir}/jetson_clocks-{device['name']}-unlocked.store"
         self._modes: Optional[dict[str, int]] = None
 
     # -- reading --------------------------------------------------------------------------------
@@ -178,10 +181,14 @@ class PowerStrategy:
             changes.append(f"mode {snap.mode} -> {mode}")
             snap = self.current()  # nvpmodel re-applies the mode's clock limits
         if jetson_clocks is not None and jetson_clocks != snap.clocks_locked:
+            unlocked = self.conn.expand_path(self.unlocked_file)
             if jetson_clocks:
+                self._sudo(["jetson_clocks", "--store", unlocked], timeout=60)
                 res = self._sudo(["jetson_clocks"], timeout=120)
+            elif self.conn.exists(unlocked):
+                res = self._sudo(["jetson_clocks", "--restore", unlocked], timeout=120)
             else:
-                # Re-applying the current mode restores its DVFS limits (unlocks the clocks).
+                # Locked before jbench came: re-applying the mode restores its DVFS limits.
                 res = self._sudo(["nvpmodel", "-m", str(self.mode_id(snap.mode))], timeout=120, stdin="NO\n")
             if res.returncode != 0:
                 raise PowerStateError(f"setting jetson_clocks {'on' if jetson_clocks else 'off'} failed on "
@@ -214,33 +221,63 @@ class PowerStrategy:
         # Answer nvpmodel's reboot question with NO: jbench decides about reboots itself.
         res = self._sudo(["nvpmodel", "-m", str(mode_id)], timeout=120, stdin="NO\n")
         output = res.stdout + res.stderr
-        if "NVPM ERROR" in output:
-            raise PowerStateError(f"nvpmodel -m {mode_id} ({mode}) failed on '{self.conn.name}': "
-                                  + " ".join(l for l in output.splitlines() if "NVPM ERROR" in l)[:400])
         now = parse_nvpmodel_query(self.conn.run(["nvpmodel", "-q"], timeout=30).stdout)[0]
         if now == mode:
             return
-        if not mentions_reboot(output):
-            raise PowerStateError(f"nvpmodel -m {mode_id} ({mode}) did not take effect on '{self.conn.name}': {output.strip()[:300]}")
-        if not allow_reboot:
-            raise PowerStateError(f"power mode {mode} needs a reboot of '{self.conn.name}'; "
-                                  "set power.allow_reboot=true to let jbench reboot it")
-        self.reboot(reboot_timeout_s)
-        now = parse_nvpmodel_query(self.conn.run(["nvpmodel", "-q"], timeout=30).stdout)[0]
-        if now != mode:
-            raise PowerStateError(f"'{self.conn.name}' came back from the reboot in mode {now}, not {mode}")
+        if mentions_reboot(output):
+            if not allow_reboot:
+                raise PowerStateError(f"power mode {mode} needs a reboot of '{self.conn.name}'; "
+                                      "set power.allow_reboot=true to let jbench reboot it")
+            self.reboot_into(mode_id, reboot_timeout_s)
+            now = parse_nvpmodel_query(self.conn.run(["nvpmodel", "-q"], timeout=30).stdout)[0]
+            if now != mode:
+                raise PowerStateError(f"'{self.conn.name}' came back from the reboot in mode {now}, not {mode}")
+            return
+        errors = " ".join(l.strip() for l in output.splitlines() if "NVPM ERROR" in l)
+        raise PowerStateError(f"nvpmodel -m {mode_id} ({mode}) did not take effect on '{self.conn.name}' "
+                              f"(still {now}): {errors or output.strip()[:300]}")
+
+    @step
+    def reboot_into(self, mode_id: int, timeout_s: float) -> None:
+        """Switch with nvpmodel's own reboot (answering YES), then wait for SSH to come back."""
+        boot_before = self._boot_id()
+        try:
+            self._sudo(["nvpmodel", "-m", str(mode_id)], timeout=60, stdin="YES\n")
+        except DeviceError:
+            pass  # the connection drops while the device goes down
+        self._wait_for_new_boot(boot_before, timeout_s)
+
+    def _boot_id(self) -> str:
+        res = self.conn.run(["cat", self.boot_id_path], timeout=30)
+        return res.stdout.strip()
+
+    def _wait_for_new_boot(self, boot_before: str, timeout_s: float) -> None:
+        reconnect = getattr(self.conn, "reconnect", None)
+        if reconnect is None:
+            raise PowerStateError(f"'{self.conn.name}' cannot be reconnected after a reboot")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            try:
+                reconnect(max(1.0, deadline - time.monotonic()))
+            except DeviceError as exc:
+                raise PowerStateError(f"'{self.conn.name}' did not come back within {timeout_s:g} s after the reboot: {exc}") from None
+            try:
+                if not boot_before or self._boot_id() != boot_before:
+                    self._modes = None
+                    return
+            except DeviceError:
+                continue  # went down between reconnect and the check
+        raise PowerStateError(f"'{self.conn.name}' did not reboot within {timeout_s:g} s")
 
     @step
     def reboot(self, timeout_s: float) -> None:
+        boot_before = self._boot_id()
         try:
             self._sudo(["reboot"], timeout=30)
         except DeviceError:
             pass  # the connection drops while the device goes down
-        time.sleep(2)
-        reconnect = getattr(self.conn, "reconnect", None)
-        if reconnect is None:
-            raise PowerStateError(f"'{self.conn.name}' cannot be reconnected after a reboot")
-        reconnect(timeout_s)
+        self._wait_for_new_boot(boot_before, timeout_s)
 
     @step
     def restore(self, *, allow_reboot: bool = False, reboot_timeout_s: float = 300) -> bool:

@@ -96,6 +96,9 @@ def measure(trial: Trial, backend: Backend, conn: Connection, log: logging.Logge
             windows.append(w)
         cooldown_s = float(tele.get("cooldown_s", 0))
         last_end = max((w.end for w in windows), default=None)
+        if last_end is not None:
+            # The window must end inside the samples: wait for one sample past its end.
+            sampler.wait_past(last_end, timeout_s=2.0 + 3 * float(tele.get("interval_ms", 100)) / 1000)
         if cooldown_s > 0 and last_end is not None:
             time.sleep(cooldown_s)
             t_end = sampler.latest_time()

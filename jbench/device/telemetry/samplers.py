@@ -98,6 +98,18 @@ class Sampler(ABC):
             time.sleep(0.05)
         return len(self.samples) >= n
 
+    def wait_past(self, t: float, timeout_s: float) -> bool:
+        """Wait until a sample newer than device time t has arrived (so a window ending at t is covered)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            latest = self.latest_time()
+            if latest is not None and latest >= t:
+                return True
+            if self.problem is not None or (self._thread is not None and not self._thread.is_alive()):
+                return False
+            time.sleep(0.02)
+        return False
+
     def latest_time(self) -> Optional[float]:
         return self.samples[-1]["t"] if self.samples else None
 
