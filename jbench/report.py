@@ -19,8 +19,8 @@ and why), each followed by the table of the numbers behind it:
   * power modes: decode tok/s against metrics.decode_avg_power_w per configuration, the Pareto
     frontier (no other point is both faster and lower-power) drawn as a step line, and tokens per
     joule per params.power.mode;
-  * telemetry timelines (when `telemetry` is given): power, GPU clock and temperature against time,
-    phases shaded;
+  * telemetry timelines (when `telemetry` is given, e.g. from jbench.tracking.telemetry_frame): power,
+    GPU clock and temperature against seconds since the run's first sample, phases shaded;
   * findings: every tag `finding.<name>` of the runs.
 Error bars are the standard deviation of the pooled repetition samples when `samples` are given,
 else the root mean square of the runs' `<rate>_std`.
@@ -63,7 +63,8 @@ SERIES_KEYS = (DEVICE, "params.model.name", QUANT_P, DEPTH, KV_K, KV_V, POWER_MO
                "params.backend.threads")
 MAX_SERIES = 10
 MAX_TIMELINES = 12
-TELEMETRY_CHANNELS = (("power_w", "power (W)"), ("gpu_freq_mhz", "GPU clock (MHz)"), ("temp_c", "temperature (°C)"))
+TELEMETRY_CHANNELS = (("power_w", "power (W)"), ("gpu_freq_mhz", "GPU clock (MHz)"), ("temp_c", "temperature (°C)"),
+                      ("temp_max_c", "max temperature (°C)"))
 
 
 @dataclass(frozen=True)
@@ -494,7 +495,9 @@ def _telemetry(telemetry: pd.DataFrame, trials: pd.DataFrame) -> _Section:
     if not channels:
         sec.missing = "not enough data for telemetry timelines: no power_w, gpu_freq_mhz or temp_c samples"
         return sec
-    extra_windows = telemetry.attrs.get("phases") or []  # [{"run_id"?, "phase", "t0", "t1"}]
+    # [{"run_id"?, "phase", "t0"/"start", "t1"/"end"}], e.g. the runner's telemetry/windows.json
+    extra_windows = [(w.get("run_id"), w["phase"], float(w.get("t0", w.get("start"))), float(w.get("t1", w.get("end"))))
+                     for w in (telemetry.attrs.get("phases") or [])]
     by_run = list(telemetry.groupby("run_id", sort=False)) if "run_id" in telemetry.columns else [(None, telemetry)]
     if len(by_run) > MAX_TIMELINES:
         sec.text = f"Showing the first {MAX_TIMELINES} of {len(by_run)} runs with telemetry."
@@ -506,8 +509,10 @@ def _telemetry(telemetry: pd.DataFrame, trials: pd.DataFrame) -> _Section:
     phase_colors: dict[str, str] = {}
     for i, (run_id, g) in enumerate(by_run):
         g = g.sort_values("t")
-        windows = _phase_windows(g) + [(w["phase"], float(w["t0"]), float(w["t1"])) for w in extra_windows
-                                       if w.get("run_id") in (None, run_id)]
+        t_first = float(g["t"].min())  # device clock: plot seconds since the run's first sample
+        windows = _phase_windows(g) + [(ph, t0, t1) for rid, ph, t0, t1 in extra_windows if rid in (None, run_id)]
+        windows = [(ph, t0 - t_first, t1 - t_first) for ph, t0, t1 in windows]
+        g = g.assign(t=g["t"] - t_first)
         fig, axes = _figure(len(channels), 1, size=(9.0, 1.8 * len(channels) + 0.8), sharex=True)
         for ax, (c, label) in zip(axes, channels):
             ax.plot(g["t"], g[c], linewidth=1.0, color="C0")
@@ -520,7 +525,7 @@ def _telemetry(telemetry: pd.DataFrame, trials: pd.DataFrame) -> _Section:
         uniq = dict(zip(names, handles))
         if uniq:
             axes[0].legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper right")
-        axes[-1].set_xlabel("time (s)")
+        axes[-1].set_xlabel("time since the first sample (s)")
         title = labels.get(run_id, run_id) if run_id is not None else "telemetry"
         axes[0].set_title(f"{title}" + (f" ({str(run_id)[:12]})" if run_id is not None and title != run_id else ""), fontsize=9)
         sec.figures.append((f"telemetry_{i + 1}", _png(fig)))
@@ -531,8 +536,9 @@ def _telemetry(telemetry: pd.DataFrame, trials: pd.DataFrame) -> _Section:
                 rec["mean_power_w"] = float(w["power_w"].mean()) if len(w) else math.nan
             if "gpu_freq_mhz" in w.columns:
                 rec["mean_gpu_freq_mhz"] = float(w["gpu_freq_mhz"].mean()) if len(w) else math.nan
-            if "temp_c" in w.columns:
-                rec["max_temp_c"] = float(w["temp_c"].max()) if len(w) else math.nan
+            for c in ("temp_c", "temp_max_c"):
+                if c in w.columns:
+                    rec["max_temp_c"] = float(w[c].max()) if len(w) else math.nan
             summary.append(rec)
     sec.tables.append(("per run and phase", pd.DataFrame(summary)))
     return sec
@@ -617,10 +623,11 @@ def build_report(
 
     samples: {stepped metric: {run_id: values}} (a flat {run_id: values} is decode_tps_rep), or a
     callable (run_ids, stepped metric) -> {run_id: values}; used for error bars only.
-    telemetry: samples with columns t (s), power_w, gpu_freq_mhz, temp_c (any present), optional
-    run_id (one timeline per run) and phase (a label per sample; contiguous samples with the same
-    label form a shaded window); windows may also come as telemetry.attrs["phases"] =
-    [{"run_id": ..., "phase": ..., "t0": ..., "t1": ...}].
+    telemetry: samples with columns t (s), power_w, gpu_freq_mhz, temp_c or temp_max_c (any present),
+    optional run_id (one timeline per run) and phase (a label per sample; contiguous samples with the
+    same label form a shaded window); windows may also come as telemetry.attrs["phases"] =
+    [{"run_id": ..., "phase": ..., "t0"/"start": ..., "t1"/"end": ...}], which is what
+    `jbench.tracking.telemetry_frame` returns from the runs' telemetry artifacts.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

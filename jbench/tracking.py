@@ -215,7 +215,8 @@ def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None
     """(run_id, experiment_id, status, start_time, end_time, params, metrics, tags) of the active runs
     of the experiments that pass keep(run_id, tags), read with SQLAlchemy Core selects over MLflow's
     own table definitions: the rows search_runs reads (metrics = latest_metrics, as Run.data.metrics),
-    without building ORM objects, which is what makes search_runs take ~3-5 ms a run."""
+    without building ORM objects (what makes search_runs take ~3-5 ms a run) or Row objects (plain
+    DBAPI tuples from the cursor)."""
     from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlParam, SqlRun, SqlTag
     from sqlalchemy import select
 
@@ -232,11 +233,11 @@ def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None
         active &= runs_t.c.run_uuid.in_(list(run_ids))
     with store.engine.connect() as conn:
         info = {r[0]: r for r in conn.execute(select(runs_t.c.run_uuid, runs_t.c.experiment_id, runs_t.c.status,
-                                                     runs_t.c.start_time, runs_t.c.end_time).where(active)).all()}
+                                                     runs_t.c.start_time, runs_t.c.end_time).where(active)).cursor.fetchall()}
         tags: dict[str, dict[str, str]] = {run_id: {} for run_id in info}
         for run_id, key, value in conn.execute(
                 select(tags_t.c.run_uuid, tags_t.c.key, tags_t.c.value)
-                .select_from(tags_t.join(runs_t, tags_t.c.run_uuid == runs_t.c.run_uuid)).where(active)).all():
+                .select_from(tags_t.join(runs_t, tags_t.c.run_uuid == runs_t.c.run_uuid)).where(active)).cursor.fetchall():
             tags[run_id][key] = value
         chosen = {run_id for run_id in info if keep(run_id, tags[run_id])}
         params: dict[str, dict[str, str]] = {run_id: {} for run_id in chosen}
@@ -254,12 +255,12 @@ def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None
             for where_p, where_m, from_p, from_m in batches:
                 for run_id, key, value in conn.execute(
                         select(params_t.c.run_uuid, params_t.c.key, params_t.c.value).select_from(from_p)
-                        .where(where_p)).all():
+                        .where(where_p)).cursor.fetchall():
                     if run_id in chosen:
                         params[run_id][key] = value
                 for run_id, key, value, is_nan in conn.execute(
                         select(metrics_t.c.run_uuid, metrics_t.c.key, metrics_t.c.value, metrics_t.c.is_nan)
-                        .select_from(from_m).where(where_m)).all():
+                        .select_from(from_m).where(where_m)).cursor.fetchall():
                     if run_id in chosen:
                         metrics[run_id][key] = math.nan if is_nan else float(value)
     return [(run_id, str(info[run_id][1]), info[run_id][2], info[run_id][3], info[run_id][4],
@@ -417,3 +418,39 @@ def repetition_samples(uri_or_tracker: Any, run_ids: Iterable[str], metric: str 
             for m in client.get_metric_history(run_id, metric):
                 add(run_id, m)
     return {run_id: [v for _, (_, v) in sorted(points[run_id].items())] for run_id in ids if run_id in points}
+
+
+def telemetry_frame(uri_or_tracker: Any, run_ids: Iterable[str], *, limit: Optional[int] = 12):
+    """Telemetry of runs as one DataFrame for jbench.report.build_report: the runner's artifacts
+    telemetry/samples.csv (columns t, power_w, gpu_freq_mhz, temp_max_c, ...) with a run_id column,
+    and telemetry/windows.json as frame.attrs["phases"] = [{run_id, phase, t0, t1}].
+
+    One artifact download per run, so at most `limit` runs (None: all) that have telemetry are read,
+    in the order given; runs without telemetry artifacts are skipped."""
+    import pandas as pd
+
+    client = _reading_client(uri_or_tracker)
+    frames, phases = [], []
+    for run_id in dict.fromkeys(str(r) for r in run_ids):
+        if limit is not None and len(frames) >= limit:
+            break
+        with tempfile.TemporaryDirectory(prefix="jbench-telemetry-") as tmp:
+            try:
+                local = Path(client.download_artifacts(run_id, "telemetry", tmp))
+            except Exception:  # no telemetry artifacts for this run (the error type depends on the store)
+                continue
+            csv = local / "samples.csv"
+            if not csv.is_file() or csv.stat().st_size == 0:
+                continue
+            samples = pd.read_csv(csv)
+            if "t" not in samples.columns or samples.empty:
+                continue
+            samples.insert(0, "run_id", run_id)
+            frames.append(samples)
+            windows = local / "windows.json"
+            if windows.is_file():
+                for w in json.loads(windows.read_text()):
+                    phases.append({"run_id": run_id, "phase": w["phase"], "t0": float(w["start"]), "t1": float(w["end"])})
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run_id", "t"])
+    out.attrs["phases"] = phases
+    return out

@@ -55,8 +55,8 @@ __all__ = [
 
 CONFIG_HASH = "tags.jbench.config_hash"
 BASE_RATES = ("prefill_tps", "decode_tps")
-# Tokens-per-joule metric names: `<phase>_tokens_per_joule` (also `_tokens_per_j`, `_tpj`) or bare.
-TPJ_RE = re.compile(r"^metrics\.((?:[a-z0-9]+_)?(?:tokens_per_joule|tokens_per_j|tpj))$")
+# Tokens-per-joule metric names: `<phase>_tokens_per_joule[_above_idle]` (also `_tokens_per_j`, `_tpj`) or bare.
+TPJ_RE = re.compile(r"^metrics\.((?:[a-z0-9]+_)?(?:tokens_per_joule|tokens_per_j|tpj)(?:_above_idle)?)$")
 EXACT_MAX_N = 50  # exact Mann-Whitney distribution up to this many samples a side (no ties)
 
 Samples = Mapping[str, Mapping[str, Sequence[float]]]

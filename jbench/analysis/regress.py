@@ -52,6 +52,8 @@ import pandas as pd
 from .compare import (
     CONFIG_HASH,
     SamplesArg,
+    _fmt,
+    _fmt_p,
     _jsonable,
     finished_trials,
     mann_whitney_u,
@@ -232,16 +234,6 @@ def _first_line(r: ConfigResult, verdict: str) -> str:
         if c.verdict == verdict:
             return f"{c.metric} {c.change * 100:+.2f} % (p={_fmt_p(c.p_value)}, threshold {c.threshold * 100:.1f} %)"
     return verdict
-
-
-def _fmt(v: float) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{v:.4g}"
-
-
-def _fmt_p(p: float) -> str:
-    if p is None or not math.isfinite(p):
-        return "n/a"
-    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ class PowerStrategy:
         # The unlocked clocks of the current mode, stored right before jbench locks them.
         self.unlocked_file = f"{state_dir}/jetson_clocks-{device['name']}-unlocked.store"
         self._modes: Optional[dict[str, int]] = None
+        self.last: Optional[PowerSnapshot] = None  # the state verified by the last apply()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -200,9 +201,11 @@ class PowerStrategy:
                 changes.append("fan -> max")
         if changes:
             self.log.info("power: %s: %s", self.conn.name, "; ".join(changes))
+            self.last = self.verify(mode, jetson_clocks)
         else:
+            # Nothing changed: the snapshot just read is the verification.
             self.log.info("power: %s already in the requested state; nothing to do", self.conn.name)
-        self.verify(mode, jetson_clocks)
+            self.last = snap
         return changes
 
     def verify(self, mode: Optional[str], jetson_clocks: Optional[bool]) -> PowerSnapshot:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import select
 import hashlib
 import os
 import shlex
@@ -120,6 +121,11 @@ class SSHConnection(Connection):
                 raise DeviceError(f"device '{self.name}': jump host {self.jump.host} cannot reach {self.host}:{self.port}: {exc}") from None
         where = f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
         try:
+            if sock is None:
+                # Our own socket so TCP_NODELAY can be set: without it every channel open waits out
+                # the peer's delayed ACK (~40 ms a command).
+                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client.connect(
                 self.host, port=self.port, username=self.user, key_filename=self.key,
                 allow_agent=True, look_for_keys=self.key is None, timeout=self.connect_timeout,
@@ -257,29 +263,28 @@ class _LocalDeadline(Exception):
 
 
 def _drain(chan: paramiko.Channel, deadline_s: Optional[float]) -> tuple[str, str]:
+    """Read stdout and stderr until the command has exited and both streams are drained.
+
+    Waits with select() on the channel (woken by data and by close), not by polling with sleeps:
+    a short command costs one network round trip, not a sleep interval."""
     out, err = bytearray(), bytearray()
     end = None if deadline_s is None else time.monotonic() + deadline_s
-    chan.settimeout(0.5)
     while True:
-        got = False
         if chan.recv_ready():
             out += chan.recv(65536)
-            got = True
+            continue
         if chan.recv_stderr_ready():
             err += chan.recv_stderr(65536)
-            got = True
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            break
-        if chan.closed and not got:
+            continue
+        if chan.exit_status_ready() and (chan.eof_received or chan.closed):
             break
         if end is not None and time.monotonic() > end:
             chan.close()
             raise _LocalDeadline()
-        if not got:
-            transport = chan.get_transport()
-            if transport is None or not transport.is_active():
-                raise EOFError("transport closed")
-            time.sleep(0.01)
+        transport = chan.get_transport()
+        if transport is None or not transport.is_active():
+            raise EOFError("transport closed")
+        select.select([chan], [], [], 0.2)
     return out.decode(errors="replace"), err.decode(errors="replace")
 
 

@@ -264,7 +264,7 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
             strategy.log = tlog.logger
             changes = strategy.apply(power["mode"], power["jetson_clocks"], allow_reboot=power["allow_reboot"],
                                      reboot_timeout_s=power["reboot_timeout_s"], fan=power["fan"])
-            snap = strategy.current()
+            snap = strategy.last
             actual_mode = snap.mode
             tracker.log(outcome.run_id, tags={"power.mode_actual": snap.mode, "power.mode_id": snap.mode_id,
                                               "power.jetson_clocks_actual": snap.clocks_locked,
