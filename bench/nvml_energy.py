@@ -34,7 +34,7 @@ from jbench.trial import Trial  # noqa: E402
 
 
 def make_trial(bin_dir: str, model: str, n_prompt: int, n_gen: int, reps: int, min_window_s: float) -> Trial:
-    # The llama.cpp backend's config keys (jbench.config.LlamaCppConfig), without importing Hydra.
+    # The llama.cpp backend's config keys (jbench.backends.llamacpp.LlamaCppConfig).
     backend = {"name": "llamacpp", "depth": 0, "warmup": True, "threads": None, "n_batch": None, "n_ubatch": None,
                "cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto", "extra_args": [], "timeout_s": 1800.0}
     backend.update(binary_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps, n_gpu_layers=99)

@@ -120,32 +120,6 @@ class PowerConfig:
 
 
 @dataclass
-class LlamaCppConfig:
-    """llama.cpp driven through llama-bench (one invocation per trial, -o jsonl)."""
-
-    name: str = "llamacpp"
-    # Directory holding llama-bench (and llama-quantize, llama-server). None: `jbench setup`'s build.
-    binary_dir: Optional[str] = None
-    n_prompt: int = 128
-    n_gen: int = 64
-    depth: int = 0
-    repetitions: int = 3
-    warmup: bool = True
-    n_gpu_layers: int = 99
-    # None: llama-bench's own default (the number of physical cores it detects).
-    threads: Optional[int] = None
-    n_batch: Optional[int] = None
-    n_ubatch: Optional[int] = None
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    # "auto" lets llama.cpp decide; on/off force it.
-    flash_attn: str = "auto"
-    # Extra llama-bench arguments, passed as separate argv items (never through a shell).
-    extra_args: List[str] = field(default_factory=list)
-    timeout_s: float = 1800.0
-
-
-@dataclass
 class ModelConfig:
     """A model and the quantization level a trial runs."""
 
@@ -202,9 +176,6 @@ class JBenchConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
-BACKEND_SCHEMAS: dict[str, type] = {"llamacpp": LlamaCppConfig}
-
-
 def register_schemas() -> None:
     """Register every schema in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
@@ -213,7 +184,9 @@ def register_schemas() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="tracking", name="tracking_schema", node=TrackingConfig)
     cs.store(group="profile", name="profile_schema", node=ProfileConfig)
-    for name, schema in BACKEND_SCHEMAS.items():
+    from .backends.base import backend_schemas
+
+    for name, schema in backend_schemas().items():
         cs.store(group="backend", name=f"{name}_schema", node=schema)
 
 
@@ -366,7 +339,9 @@ def _valid_keys_hint(dotted: str) -> str:
         "energy": EnergyConfig,
     }.get(section)
     if section == "backend":
-        names = sorted({f.name for s in BACKEND_SCHEMAS.values() for f in dataclasses.fields(s)})
+        from .backends.base import backend_schemas
+
+        names = sorted({f.name for s in backend_schemas().values() for f in dataclasses.fields(s)})
         return f"Valid backend keys: {', '.join(names)}"
     if schema is None:
         return f"Valid top-level keys: {', '.join(f.name for f in dataclasses.fields(JBenchConfig))}"

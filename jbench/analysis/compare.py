@@ -449,6 +449,10 @@ def compare(
             f"no configuration in common between A and B (A has {len(ha)} configuration(s), B has {len(hb)}); "
             "compare selections that ran the same configurations (same device, backend settings, model and quant)")
     names = list(metrics) if metrics is not None else rate_metrics(ta, tb)
+    samples = normalize_samples(samples)
+    if callable(samples):  # a loader: ask once per rate for every run of both selections
+        ids = list(dict.fromkeys([*ta["run_id"], *tb["run_id"]]))
+        samples = {f"{m}_rep": dict(samples(ids, f"{m}_rep")) for m in names}
     order = list(dict.fromkeys(h for h in ta[CONFIG_HASH] if h in common))
     records = []
     for h in order:

@@ -41,6 +41,8 @@ class Capabilities:
 class Backend(ABC):
     NAME: ClassVar[str]
     CAPABILITIES: ClassVar[Capabilities]
+    # The dataclass schema of conf/backend/<NAME>.yaml (registered in Hydra's ConfigStore as <NAME>_schema).
+    CONFIG: ClassVar[type]
 
     def __init__(self, config: dict):
         self.config = config
@@ -66,11 +68,21 @@ class Backend(ABC):
 _BUILTIN = {"llamacpp": "jbench.backends.llamacpp:LlamaCppBackend"}
 
 
-def backend_class(name: str) -> type[Backend]:
-    """The Backend class registered under name (built-in or through entry points)."""
+def _targets() -> dict[str, str]:
     targets = dict(_BUILTIN)
     for ep in entry_points(group="jbench.backends"):
         targets.setdefault(ep.name, ep.value)
+    return targets
+
+
+def backend_schemas() -> dict[str, type]:
+    """name -> config dataclass of every registered backend."""
+    return {name: backend_class(name).CONFIG for name in _targets()}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class registered under name (built-in or through entry points)."""
+    targets = _targets()
     if name not in targets:
         raise KeyError(f"unknown backend '{name}'. Valid backends: {', '.join(sorted(targets))}")
     module_name, _, attr = targets[name].partition(":")

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from ..device.connection import CommandTimeout, Connection
 from ..device.telemetry.samplers import stamped
@@ -160,6 +161,32 @@ def parse_output(stdout: str) -> tuple[dict[str, PhaseResult], dict[str, str], d
 # --------------------------------------------------------------------------------------------
 # The backend
 
+@dataclass
+class LlamaCppConfig:
+    """llama.cpp driven through llama-bench (one invocation per trial, -o jsonl)."""
+
+    name: str = "llamacpp"
+    # Directory holding llama-bench (and llama-quantize, llama-server). None: `jbench setup`'s build.
+    binary_dir: Optional[str] = None
+    n_prompt: int = 128
+    n_gen: int = 64
+    depth: int = 0
+    repetitions: int = 3
+    warmup: bool = True
+    n_gpu_layers: int = 99
+    # None: llama-bench's own default (the number of physical cores it detects).
+    threads: Optional[int] = None
+    n_batch: Optional[int] = None
+    n_ubatch: Optional[int] = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    # "auto" lets llama.cpp decide; on/off force it.
+    flash_attn: str = "auto"
+    # Extra llama-bench arguments, passed as separate argv items (never through a shell).
+    extra_args: List[str] = field(default_factory=list)
+    timeout_s: float = 1800.0
+
+
 
 def default_binary_dir() -> Optional[str]:
     """bin/ of the build `jbench setup` made last, if any."""
@@ -171,6 +198,7 @@ def default_binary_dir() -> Optional[str]:
 
 class LlamaCppBackend(Backend):
     NAME = "llamacpp"
+    CONFIG = LlamaCppConfig
     CAPABILITIES = Capabilities(
         kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=False
     )
