@@ -136,6 +136,8 @@ class ModelConfig:
     source_quant: Optional[str] = None
     # Quant levels `jbench setup` derives for a bundled model.
     ladder: List[str] = field(default_factory=list)
+    # Maximum context (tokens); None: read from the GGUF file when it is on this machine.
+    context_length: Optional[int] = None
     files: Dict[str, str] = field(default_factory=dict)
     # e.g. "/models/qwen3-4b-{quant}.gguf"; {quant} is the quant name.
     path_template: Optional[str] = None
@@ -160,7 +162,38 @@ class ExperimentConfig:
 @dataclass
 class SweepConfig:
     # Dotted config key (or config group name) -> the values to sweep.
-    grid: Dict[str, List[Any]] = field(default_factory=dict)
+    grid: Dict[str, Any] = field(default_factory=dict)
+    # Dimensions that vary together (zipped), e.g. [[backend.cache_type_k, backend.cache_type_v]].
+    link: List[List[str]] = field(default_factory=list)
+    # Cells that are meaningless in this grid, dropped with a note: each entry maps keys to a value
+    # (or a list of values); a cell matching every key of an entry is dropped.
+    exclude: List[Dict[str, Any]] = field(default_factory=list)
+    # Drop cells whose depth + prompt + generation exceed the model's context length (with a note).
+    drop_beyond_context: bool = False
+    # Drop (with a note) trials whose backend is not available on the device, instead of failing.
+    skip_unavailable_backends: bool = False
+    # Split each trial's repetitions over this many interleaved passes of the whole sweep.
+    rounds: int = 1
+    # Run trials again even when a FINISHED run with the same config hash exists.
+    rerun: bool = False
+    # A trial whose decode (or prefill) tok/s coefficient of variation exceeds this is tagged noisy.
+    max_cv: float = 0.05
+    rerun_noisy: bool = False
+    # Memory kept free for the OS and runtime when checking that model + KV cache fit.
+    memory_reserve_gb: float = 1.0
+    # Connection retries (with exponential backoff) before a trial counts as failed.
+    connection_retries: int = 3
+
+
+@dataclass
+class ThermalConfig:
+    """Thermal gate before each trial; devices without temperature sensors are not gated."""
+
+    start_below_c: Optional[float] = 60.0
+    timeout_s: float = 600.0
+    poll_s: float = 5.0
+    # Extra wait before every trial (after the gate).
+    cooldown_s: float = 0.0
 
 
 @dataclass
@@ -172,6 +205,7 @@ class JBenchConfig:
     power: PowerConfig = field(default_factory=PowerConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
@@ -337,6 +371,7 @@ def _valid_keys_hint(dotted: str) -> str:
         "power": PowerConfig,
         "telemetry": TelemetryConfig,
         "energy": EnergyConfig,
+        "thermal": ThermalConfig,
     }.get(section)
     if section == "backend":
         from .backends.base import backend_schemas

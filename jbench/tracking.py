@@ -123,6 +123,30 @@ class Tracker:
         for artifact_dir, path in files.items():
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_dir or None)
 
+    def finished_trials(self, experiment_name: str) -> dict[str, dict]:
+        """FINISHED trial runs of an experiment keyed by `<config hash>:<round>`, with their wall time
+        (resume and duration estimates). One paginated query, no per-run calls."""
+        exp = self.client.get_experiment_by_name(experiment_name)
+        if exp is None:
+            return {}
+        found: dict[str, dict] = {}
+        token = None
+        while True:
+            page = self.client.search_runs(
+                [exp.experiment_id],
+                filter_string="attributes.status = 'FINISHED' and tags.`jbench.kind` = 'trial'",
+                max_results=5000, page_token=token,
+            )
+            for run in page:
+                h = run.data.tags.get("jbench.config_hash")
+                if h:
+                    key = f"{h}:{run.data.tags.get('jbench.round', '1')}"
+                    found.setdefault(key, {"run_id": run.info.run_id,
+                                           "wall_s": run.data.metrics.get("trial_wall_s")})
+            token = page.token
+            if not token:
+                return found
+
     def finished_config_hashes(self, experiment_id: str) -> dict[str, str]:
         """config hash -> run id of FINISHED trial runs in the experiment (for resuming sweeps)."""
         found: dict[str, str] = {}

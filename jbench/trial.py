@@ -15,11 +15,23 @@ _NON_SEMANTIC = {
     "profile": None,
     "telemetry": None,
     "energy": None,
+    "thermal": None,
+    "quality": None,
+    "round": None,
     "experiment": None,
-    "backend": {"timeout_s", "binary_dir"},
+    "backend": {"timeout_s", "binary_dir", "server_ready_timeout_s"},
     "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
     "device": {"host", "user", "port", "key", "tags", "known_hosts", "accept_new_host_key", "connect_timeout_s",
                "keepalive_s", "jump", "sudo_password_env", "paths"},
+}
+
+
+# Backend keys that only matter in one scenario (backend.scenario, llama.cpp's "bench" or "latency"). A bench
+# trial drops the latency keys and `scenario` itself, so its hash is the one it had before scenarios existed.
+_SCENARIO_ONLY = {
+    "bench": {"scenario", "latency_requests", "latency_concurrency", "latency_warmup_requests", "context",
+              "server_extra_args"},
+    "latency": {"repetitions", "warmup", "extra_args"},
 }
 
 
@@ -30,6 +42,8 @@ def semantic_config(config: dict) -> dict:
         if section in _NON_SEMANTIC and _NON_SEMANTIC[section] is None:
             continue
         drop = _NON_SEMANTIC.get(section) or set()
+        if section == "backend" and isinstance(value, dict) and value.get("scenario") in _SCENARIO_ONLY:
+            drop = drop | _SCENARIO_ONLY[value["scenario"]]
         if isinstance(value, dict):
             out[section] = {k: v for k, v in value.items() if k not in drop}
         else:
@@ -111,6 +125,15 @@ class BackendResult:
     info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
     command: Optional[list[str]] = None
     start_time: Optional[float] = None  # device clock when the backend process started
+    # Metrics beyond the phase metrics, already named as in docs/metrics.md (e.g. the latency scenario's
+    # ttft_ms_p50, itl_ms_mean, ...); logged as they are.
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+    # Diagnoses the backend itself made from its output (e.g. the engine's GEMV-trace analysis): each a dict
+    # with at least `code` and `message` (also `severity`, `evidence`). Meant to be logged as `finding.<code>` tags.
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    # Extra numeric results beyond the phase speeds (e.g. gemv_weight_bytes_per_token), named as in
+    # docs/backends.md; meant to be logged as MLflow metrics. Never holds a placeholder 0 for "not measured".
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def nan_if_none(value: Optional[float]) -> float:

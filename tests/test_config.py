@@ -35,7 +35,7 @@ def test_experiment_sets_grid_and_backend_values():
         ("model=nope", "unknown model 'nope'. Valid model names: gemma3_270m"),
         ("+experiment=nope", "unknown experiment 'nope'. Valid experiment names: quant_ladder"),
         ("device=lab_orin", "unknown device 'lab_orin'. Valid device names: local"),
-        ("backend=vllm", "unknown backend 'vllm'. Valid backend names: llamacpp"),
+        ("backend=vllm", "unknown backend 'vllm'. Valid backend names: engine, llamacpp, trtllm"),
         ("backend.n_gne=3", "unknown config key 'backend.n_gne'. Valid backend keys:"),
         ("backend.n_gen=many", "bad value 'many' for backend.n_gen: expected Integer"),
         ("backend.extra_args=5", "bad value for backend.extra_args: got int, expected a list"),

@@ -17,6 +17,16 @@ class SampleStats:
     max: float
 
     @property
+    def ci95(self) -> tuple[float, float]:
+        """95 % confidence interval of the mean (Student's t with n - 1 degrees of freedom)."""
+        if self.n < 2:
+            return (math.nan, math.nan)
+        from scipy.stats import t
+
+        half = t.ppf(0.975, self.n - 1) * self.std / math.sqrt(self.n)
+        return (self.mean - half, self.mean + half)
+
+    @property
     def cv(self) -> float:
         """Coefficient of variation, std / mean; NaN when undefined."""
         if self.n < 2 or not self.mean:

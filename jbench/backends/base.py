@@ -65,7 +65,11 @@ class Backend(ABC):
         speed window is too short to integrate power over."""
 
 
-_BUILTIN = {"llamacpp": "jbench.backends.llamacpp:LlamaCppBackend"}
+_BUILTIN = {
+    "llamacpp": "jbench.backends.llamacpp:LlamaCppBackend",
+    "engine": "jbench.backends.engine:EngineBackend",
+    "trtllm": "jbench.backends.trtllm:TrtllmBackend",
+}
 
 
 def _targets() -> dict[str, str]:
@@ -76,8 +80,17 @@ def _targets() -> dict[str, str]:
 
 
 def backend_schemas() -> dict[str, type]:
-    """name -> config dataclass of every registered backend."""
-    return {name: backend_class(name).CONFIG for name in _targets()}
+    """name -> config dataclass of every registered backend that imports; a broken third-party
+    backend is left out with a warning instead of breaking every command."""
+    import logging
+
+    out = {}
+    for name in _targets():
+        try:
+            out[name] = backend_class(name).CONFIG
+        except Exception as exc:  # ImportError, AttributeError from a plugin
+            logging.getLogger("jbench").warning("backend '%s' is registered but cannot be loaded: %s", name, exc)
+    return out
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -1,4 +1,4 @@
-"""llama.cpp through llama-bench.
+"""llama.cpp through llama-bench (scenario "bench") or llama-server (scenario "latency", see latency.py).
 
 One llama-bench invocation per trial runs a prompt-processing test (-p, no generation) and a
 generation test (-n, no prompt) as separate tests, each with warmup and -r repetitions, and
@@ -21,12 +21,16 @@ from ..device.connection import CommandTimeout, Connection
 from ..device.telemetry.samplers import stamped
 from ..models import ModelError, check_quant, resolve_model_file
 from ..trial import BackendResult, PhaseResult, Trial
+from . import latency
 from .base import Backend, BackendError, Capabilities
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # "auto" omits -fa (each build's own default); on/off as 1/0, which old and new builds accept.
 FLASH_ATTN = {"auto": None, "on": "1", "off": "0"}
+# llama-server spells it -fa on|off|auto; "auto" omits the flag.
+SERVER_FLASH_ATTN = {"auto": None, "on": "on", "off": "off"}
+SCENARIOS = ("bench", "latency")
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,6 +189,21 @@ class LlamaCppConfig:
     # Extra llama-bench arguments, passed as separate argv items (never through a shell).
     extra_args: List[str] = field(default_factory=list)
     timeout_s: float = 1800.0
+    # "bench": llama-bench (prefill and decode tests). "latency": llama-server on the device, streaming
+    # completions from the controller (TTFT, ITL, end-to-end; docs/metrics.md "Latency scenario").
+    scenario: str = "bench"
+    # Latency scenario: measured requests, requests in flight (also the server's --parallel slots), and
+    # unmeasured requests sent first, one at a time.
+    latency_requests: int = 8
+    latency_concurrency: int = 1
+    latency_warmup_requests: int = 1
+    # Latency scenario: how long the server may take to answer GET /health with 200 (model load).
+    server_ready_timeout_s: float = 120.0
+    # Latency scenario: llama-server -c (all slots together; each of the N slots gets c / N).
+    # None: (n_prompt + n_gen + depth + 1) rounded up to a multiple of 256, times latency_concurrency.
+    context: Optional[int] = None
+    # Latency scenario: extra llama-server arguments (extra_args are llama-bench's), separate argv items.
+    server_extra_args: List[str] = field(default_factory=list)
 
 
 
@@ -200,7 +219,7 @@ class LlamaCppBackend(Backend):
     NAME = "llamacpp"
     CONFIG = LlamaCppConfig
     CAPABILITIES = Capabilities(
-        kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=False
+        kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=True
     )
 
     def binary_dir(self) -> str:
@@ -236,6 +255,7 @@ class LlamaCppBackend(Backend):
             problems.append("a quantized V cache (backend.cache_type_v) needs flash attention: set backend.flash_attn=on")
         if cfg["threads"] is not None and cfg["threads"] < 1:
             problems.append(f"backend.threads must be >= 1 (got {cfg['threads']})")
+        problems += self._validate_scenario(cfg)
         if not problems:
             try:
                 path, _ = resolve_model_file(model)
@@ -246,15 +266,65 @@ class LlamaCppBackend(Backend):
                 problems.append(str(exc))
         return problems
 
+    @staticmethod
+    def _validate_scenario(cfg: dict) -> list[str]:
+        scenario = cfg.get("scenario", "bench")
+        if scenario not in SCENARIOS:
+            return [f"backend.scenario '{scenario}' is not valid. Valid: {', '.join(SCENARIOS)}"]
+        if scenario != "latency":
+            return []
+        problems = []
+        if cfg["n_gen"] < 2:
+            problems.append(f"the latency scenario needs backend.n_gen >= 2: inter-token latency is undefined "
+                            f"below 2 output tokens (got {cfg['n_gen']})")
+        if cfg["n_prompt"] < 1:
+            problems.append(f"the latency scenario needs backend.n_prompt >= 1 (got {cfg['n_prompt']})")
+        if cfg["depth"]:
+            problems.append("backend.depth is not supported by the latency scenario (every request processes its "
+                            "whole prompt, the prompt cache is off): set backend.depth=0")
+        for key, low in (("latency_requests", 1), ("latency_concurrency", 1), ("latency_warmup_requests", 0)):
+            if cfg.get(key, low) < low:
+                problems.append(f"backend.{key} must be >= {low} (got {cfg[key]})")
+        if cfg.get("server_ready_timeout_s", 120.0) <= 0:
+            problems.append(f"backend.server_ready_timeout_s must be > 0 (got {cfg['server_ready_timeout_s']})")
+        if cfg.get("context") is not None:
+            slots = max(1, cfg.get("latency_concurrency", 1))
+            need = cfg["n_prompt"] + cfg["n_gen"]
+            if cfg["context"] // slots < need:
+                problems.append(f"backend.context={cfg['context']} gives each of the {slots} server slot(s) "
+                                f"{cfg['context'] // slots} tokens; a request needs n_prompt + n_gen = {need}")
+        if cfg.get("extra_args"):
+            problems.append("backend.extra_args are llama-bench arguments and the latency scenario runs llama-server: "
+                            "use backend.server_extra_args")
+        return problems
+
     def preflight(self, conn: Connection) -> list[str]:
         try:
             bin_dir = self.binary_dir()
         except BackendError as exc:
             return [str(exc)]
-        bench = os.path.join(bin_dir, "llama-bench")
-        if not conn.exists(bench):
-            return [f"{bench} not found on device '{conn.name}': run `jbench setup` or fix backend.binary_dir"]
+        latency_scenario = self.config.get("scenario", "bench") == "latency"
+        binary = os.path.join(bin_dir, "llama-server" if latency_scenario else "llama-bench")
+        if not conn.exists(binary):
+            return [f"{binary} not found on device '{conn.name}': run `jbench setup` or fix backend.binary_dir"]
+        if latency_scenario:
+            res = conn.run(["python3", "-c", "pass"], timeout=30)
+            if res.returncode != 0:
+                return [f"the latency scenario needs python3 on device '{conn.name}' (to pick a free port and "
+                        f"start llama-server): {res.stderr.strip()[-200:]}"]
         return []
+
+    def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
+        """llama-server's argument list for the latency scenario."""
+        cfg = trial.section("backend")
+        slots = max(1, cfg.get("latency_concurrency", 1))
+        context = cfg.get("context") or latency.default_context(cfg["n_prompt"], cfg["n_gen"], cfg["depth"], slots)
+        return latency.server_argv(
+            os.path.join(self.binary_dir(), "llama-server"), model_path, port=port, context=context, parallel=slots,
+            n_gpu_layers=cfg["n_gpu_layers"], cache_type_k=cfg["cache_type_k"], cache_type_v=cfg["cache_type_v"],
+            flash_attn=SERVER_FLASH_ATTN[cfg["flash_attn"]], threads=cfg["threads"], n_batch=cfg["n_batch"],
+            n_ubatch=cfg["n_ubatch"], extra_args=cfg.get("server_extra_args") or [],
+        )
 
     def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
                 repetitions: Optional[int] = None) -> list[str]:
@@ -296,6 +366,8 @@ class LlamaCppBackend(Backend):
         model_path = conn.expand_path(model_path)
         if not conn.exists(model_path):
             raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+        if trial.section("backend").get("scenario", "bench") == "latency":
+            return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
         log.info("running: %s", shlex.join(argv))
         try:
@@ -324,6 +396,33 @@ class LlamaCppBackend(Backend):
             )
         return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr, build=build, info=info,
                              command=argv, start_time=start_stamp(res.stdout))
+
+
+    def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
+                     only_phase: Optional[str] = None) -> BackendResult:
+        """The latency scenario: llama-server on the device, streaming requests (jbench.backends.latency)."""
+        cfg = trial.section("backend")
+        if only_phase:
+            # Latency phases carry no device-clock windows, so the energy pass never asks; if it does,
+            # the whole scenario runs (a request always has both phases).
+            log.info("latency scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
+        concurrency = max(1, cfg.get("latency_concurrency", 1))
+        run = latency.run_latency_scenario(
+            conn, lambda port: self.server_command(trial, model_path, port),
+            n_prompt=cfg["n_prompt"], n_gen=cfg["n_gen"], requests=cfg.get("latency_requests", 8),
+            concurrency=concurrency, warmup_requests=cfg.get("latency_warmup_requests", 1),
+            ready_timeout_s=cfg.get("server_ready_timeout_s", 120.0), timeout_s=cfg["timeout_s"], log=log,
+        )
+        extra = latency.latency_metrics(run.records, concurrency, run.wall_s)
+        log.info("latency: TTFT p50 %.1f ms, ITL p50 %.2f ms, e2e p50 %.1f ms over %d request(s) at concurrency %d",
+                 extra.get("ttft_ms_p50", float("nan")), extra.get("itl_ms_p50", float("nan")),
+                 extra.get("e2e_ms_p50", float("nan")), len(run.records), concurrency)
+        info = {"scenario": "latency", "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
+                "server_slots": concurrency,
+                "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
+        return BackendResult(phases=latency.latency_phases(run.records, cfg["n_prompt"]),
+                             raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
+                             info=info, command=run.argv, extra_metrics=extra)
 
 
 def _looks_oom(stderr: str) -> bool:

@@ -27,10 +27,13 @@ GROUP_DIMS = ("device", "backend", "model", "tracking")
 class Plan:
     trials: list[Trial]
     problems: list[str] = field(default_factory=list)
-    dims: dict[str, list] = field(default_factory=dict)
+    dims: dict[str, Any] = field(default_factory=dict)
     experiment: str = "adhoc"
     tracking: dict = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # cells dropped by the experiment's declared rules
+    rounds: int = 1
+    sweep: dict = field(default_factory=dict)
 
 
 def split_overrides(args: list[str]) -> tuple[list[str], dict[str, list]]:
@@ -102,32 +105,175 @@ def _check_value(cfg, key: str, value: Any) -> tuple[Any, Optional[str]]:
         return None, explain_compose_error(exc, [])
 
 
+def _resolve_special(values: Any, key: str, profile: Optional[dict]) -> list:
+    """A grid value "@profile.<field>" takes its list from the device's module profile."""
+    if isinstance(values, str) and values.startswith("@profile."):
+        field_name = values[len("@profile."):]
+        if not profile:
+            raise ConfigError(f"sweep.grid.{key}: {values} needs a Jetson device with a profile "
+                              "(device=NAME with device.profile set); this device has none")
+        if not profile.get(field_name):
+            raise ConfigError(f"sweep.grid.{key}: profile '{profile.get('name')}' has no {field_name}")
+        return list(profile[field_name])
+    return values
+
+
+def _units(value_dims: dict[str, list], links: list[list[str]]) -> list[list[str]]:
+    """Dimensions grouped into units that vary together (linked) or alone."""
+    units: list[list[str]] = []
+    linked: set[str] = set()
+    for group in links:
+        group = [k for k in group if k in value_dims]
+        if len(group) < 2:
+            continue
+        lengths = {len(value_dims[k]) for k in group}
+        if len(lengths) != 1:
+            raise ConfigError(f"sweep.link {group}: linked dimensions need the same number of values "
+                              f"({', '.join(f'{k}: {len(value_dims[k])}' for k in group)})")
+        units.append(group)
+        linked.update(group)
+    units += [[key] for key in value_dims if key not in linked]
+    # Keep the dimensions' own order: a unit's position is that of its first key.
+    order = {k: i for i, k in enumerate(value_dims)}
+    return sorted(units, key=lambda u: min(order[k] for k in u))
+
+
+def _points(converted: dict[str, list], units: list[list[str]]):
+    for combo in itertools.product(*[range(len(converted[u[0]])) for u in units]):
+        point = {}
+        for unit, i in zip(units, combo):
+            for key in unit:
+                point[key] = converted[key][i]
+        yield point
+
+
+def _excluded(config: dict, rules: list[dict]) -> Optional[str]:
+    for rule in rules:
+        hit = True
+        for key, want in rule.items():
+            node: Any = config
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if not (node in want if isinstance(want, list) else node == want):
+                hit = False
+                break
+        if hit:
+            return "sweep.exclude " + ", ".join(f"{k}={v}" for k, v in rule.items())
+    return None
+
+
+def _model_meta(path: str) -> Optional[dict]:
+    """Architecture facts of a model file on this machine (None when not here or unreadable)."""
+    from ..gguf_meta import GGUFMetaError, kv_arch
+
+    try:
+        return kv_arch(path) if Path(path).is_file() else None
+    except (GGUFMetaError, OSError):
+        return None
+
+
+def _kv_bytes_per_token(meta: dict, type_k: str, type_v: str) -> Optional[float]:
+    from ..analysis.roofline import bytes_per_weight
+
+    try:
+        k, v = bytes_per_weight(type_k.upper()), bytes_per_weight(type_v.upper())
+    except Exception:  # an unknown KV type is reported by the backend's own validation
+        return None
+    return meta["n_layer"] * meta["n_head_kv"] * (meta["head_dim"] * k + meta["head_dim_v"] * v)
+
+
+def _local_ram_bytes() -> Optional[int]:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_check(config: dict) -> Optional[str]:
+    """Model file + KV cache at the trial's context + reserve vs the device's RAM."""
+    from ..models import ModelError, resolve_model_file
+
+    try:
+        path, _ = resolve_model_file(config["model"])
+    except ModelError:
+        return None
+    meta = _model_meta(path)
+    if meta is None:
+        return None
+    backend = config["backend"]
+    context = backend.get("depth", 0) + backend.get("n_prompt", 0) + backend.get("n_gen", 0)
+    kv = _kv_bytes_per_token(meta, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
+    if kv is None:
+        return None
+    profile = config.get("profile")
+    if profile:
+        ram, where = profile["ram_gb"] * 1e9, f"{profile['module']} ({profile['ram_gb']:g} GB)"
+    elif config["device"].get("kind") == "local":
+        ram, where = _local_ram_bytes(), "this machine"
+    else:
+        return None
+    if not ram:
+        return None
+    from ..analysis.roofline import memory_fit
+
+    fit = memory_fit(Path(path).stat().st_size, kv, context, ram, config["sweep_reserve_bytes"])
+    if fit.fits:
+        return None
+    return (f"model + KV cache at context {context} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
+            f"allows with a {config['sweep_reserve_bytes'] / 1e9:g} GB reserve: {fit.message}")
+
+
+def _order(trials: list[Trial]) -> list[Trial]:
+    """Fewest power-state switches, then fewest model loads: group by device and power state
+    (in order of first appearance), then by model file; grid order inside a group."""
+    first_seen: dict[tuple, int] = {}
+
+    def power_key(t: Trial) -> tuple:
+        p = t.config.get("power") or {}
+        return (t.config["device"]["name"], p.get("mode"), p.get("jetson_clocks"))
+
+    def model_key(t: Trial) -> tuple:
+        m = t.config["model"]
+        return (m["name"], m["quant"])
+
+    for t in trials:
+        first_seen.setdefault(power_key(t), len(first_seen))
+        first_seen.setdefault(power_key(t) + model_key(t), len(first_seen))
+    return sorted(trials, key=lambda t: (first_seen[power_key(t)], first_seen[power_key(t) + model_key(t)]))
+
+
 def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
-    """Expand and validate. Raises ConfigError for problems of the config as a whole."""
+    """Expand, validate and order. Raises ConfigError for problems of the config as a whole."""
     from omegaconf import OmegaConf
 
     from ..backends.base import backend_class
 
     plain, cli_dims, pinned = _parse_overrides(overrides)
     first_cfg, first_choices = compose(plain, config_dirs)
-    grid = OmegaConf.to_container(first_cfg.sweep.grid, resolve=True) if use_grid else {}
+    sweep_cfg = OmegaConf.to_container(first_cfg.sweep, resolve=True)
+    grid = sweep_cfg["grid"] if use_grid else {}
     if not use_grid and cli_dims:
         raise ConfigError(
             f"`jbench run` runs one trial; comma lists ({', '.join(cli_dims)}) belong to `jbench sweep`"
         )
-    dims: dict[str, list] = {}
+    dims: dict[str, Any] = {}
     for key, values in grid.items():
         if key in pinned:
             continue  # `model.quant=Q8_0` on the command line pins the grid's model.quant dimension
-        if not isinstance(values, list) or not values:
+        if not (isinstance(values, list) and values) and not (isinstance(values, str) and values.startswith("@profile.")):
             raise ConfigError(f"sweep.grid.{key} must be a non-empty list of values")
         dims[key] = values
     dims.update(cli_dims)
     group_dims = {k: [str(v) for v in vs] for k, vs in dims.items() if k in GROUP_DIMS}
-    value_dims = {k: vs for k, vs in dims.items() if k not in GROUP_DIMS}
+    links = sweep_cfg.get("link") or [] if use_grid else []
+    rules = sweep_cfg.get("exclude") or [] if use_grid else []
+    rounds = max(1, int(sweep_cfg.get("rounds", 1)))
 
-    trials: list[Trial] = []
-    problems: dict[str, list[str]] = {}
+    cells: list[tuple[dict, dict, dict]] = []  # (config, choices, point)
+    notes: list[str] = []
     tracking: dict = {}
     experiment = "adhoc"
     group_keys = list(group_dims)
@@ -137,6 +283,9 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
             cfg, choices = compose(plain + [f"{k}={v}" for k, v in group_point.items()], config_dirs)
         else:
             cfg, choices = first_cfg, first_choices
+        profile_name = OmegaConf.select(cfg, "device.profile")
+        profile = load_profile(profile_name, config_dirs) if profile_name else None
+        value_dims = {k: _resolve_special(vs, k, profile) for k, vs in dims.items() if k not in GROUP_DIMS}
         # Validate each distinct swept value once against the typed schema.
         scratch = copy.deepcopy(cfg)
         converted: dict[str, list] = {}
@@ -153,48 +302,111 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         slow = any(_overlaps(r, k) for r in refs for k in value_dims)
         base = OmegaConf.to_container(cfg, resolve=True)
         base.pop("sweep", None)
-        if base["device"].get("profile"):
+        if profile:
             # The module profile travels with the trial (roofline, telemetry rails, findings).
-            base["profile"] = load_profile(base["device"]["profile"], config_dirs)
+            base["profile"] = profile
         tracking = tracking or base["tracking"]
         experiment = base["experiment"]["name"]
-        value_keys = list(converted)
-        for values in itertools.product(*converted.values()):
-            point = dict(zip(value_keys, values))
+        for point in _points(converted, _units(converted, links)):
             if slow:
                 trial_cfg = copy.deepcopy(cfg)
                 for k, v in point.items():
                     OmegaConf.update(trial_cfg, k, v, merge=False)
                 config = OmegaConf.to_container(trial_cfg, resolve=True)
                 config.pop("sweep", None)
-                if "profile" in base:
-                    config["profile"] = copy.deepcopy(base["profile"])
+                if profile:
+                    config["profile"] = copy.deepcopy(profile)
             else:
                 config = copy.deepcopy(base)
                 for k, v in point.items():
                     _set_dotted(config, k, v)
-            full_point = {**group_point, **point}
-            trials.append(
-                Trial(index=len(trials) + 1, config=config, choices=dict(choices), point=full_point,
-                      config_hash=config_hash(config))
-            )
+            cells.append((config, dict(choices), {**group_point, **point}))
 
-    # Validation: every trial, all problems reported together.
+    # Drop what the experiment declares meaningless, with a note naming the rule.
+    kept = []
+    for config, choices, point in cells:
+        label = " ".join(f"{k}={v}" for k, v in point.items()) or "(single trial)"
+        reason = _excluded(config, rules)
+        if reason is None and sweep_cfg.get("drop_beyond_context") and use_grid:
+            limit = config["model"].get("context_length")
+            if limit is None:
+                from ..models import ModelError, resolve_model_file
+
+                try:
+                    meta = _model_meta(resolve_model_file(config["model"])[0])
+                except ModelError:
+                    meta = None
+                limit = meta["context_length"] if meta else None
+            need = config["backend"].get("depth", 0) + config["backend"].get("n_prompt", 0) + config["backend"].get("n_gen", 0)
+            if limit is not None and need > limit:
+                reason = f"drop_beyond_context: {need} tokens > the model's context length {limit}"
+        if reason:
+            notes.append(f"dropped {label}: {reason}")
+        else:
+            kept.append((config, choices, point))
+
+    reserve = float(sweep_cfg.get("memory_reserve_gb", 1.0)) * 1e9
+    problems: dict[str, list[str]] = {}
+    trials: list[Trial] = []
     backends: dict[str, Any] = {}
-    for trial in trials:
-        name = trial.config["backend"]["name"]
+    for config, choices, point in kept:
+        h = config_hash(config)
+        trial = Trial(index=0, config=config, choices=choices, point=point, config_hash=h)
+        name = config["backend"]["name"]
         if name not in backends:
             try:
                 backends[name] = backend_class(name)
             except KeyError as exc:
                 backends[name] = str(exc.args[0])
         cls = backends[name]
-        msgs = [cls] if isinstance(cls, str) else cls(trial.config["backend"]).validate(trial)
+        msgs = [cls] if isinstance(cls, str) else cls(config["backend"]).validate(trial)
+        if not isinstance(cls, str):
+            msgs += _capability_problems(cls, config)
+        if not msgs:
+            config["sweep_reserve_bytes"] = reserve
+            fit = memory_check(config)
+            del config["sweep_reserve_bytes"]
+            if fit:
+                msgs.append(fit)
         for msg in msgs:
             problems.setdefault(msg, []).append(trial.label)
+        trials.append(trial)
+
+    ordered = _order(trials)
+    final: list[Trial] = []
+    for r in range(1, rounds + 1):
+        for t in ordered:
+            config = t.config
+            config = copy.deepcopy(t.config) if rounds > 1 else config
+            config["quality"] = {"max_cv": sweep_cfg.get("max_cv")}
+            if rounds > 1:
+                reps = t.config["backend"]["repetitions"]
+                config["backend"]["repetitions"] = max(1, -(-reps // rounds))
+                config["round"] = {"index": r, "of": rounds}
+            final.append(Trial(index=len(final) + 1, config=config, choices=t.choices, point=t.point,
+                               config_hash=t.config_hash))
     formatted = []
     for msg, labels in problems.items():
         where = labels[0] if len(labels) == 1 else f"{len(labels)} trials, e.g. {labels[0]}"
         formatted.append(f"{msg}  [{where}]")
-    return Plan(trials=trials, problems=formatted, dims=dims, experiment=experiment, tracking=tracking,
-                overrides=list(overrides))
+    if not final and notes:
+        formatted.append("the grid is empty after dropping: " + "; ".join(notes))
+    return Plan(trials=final, problems=formatted, dims=dims, experiment=experiment, tracking=tracking,
+                overrides=list(overrides), notes=notes, rounds=rounds, sweep=sweep_cfg)
+
+
+def _capability_problems(cls, config: dict) -> list[str]:
+    """What the backend declares it cannot do, checked before any device is touched."""
+    caps = cls.CAPABILITIES
+    backend, model = config["backend"], config["model"]
+    out = []
+    if caps.quants and model["quant"] not in caps.quants:
+        out.append(f"backend {cls.NAME} does not support quant {model['quant']}. Supported: {', '.join(sorted(caps.quants))}")
+    for key in ("cache_type_k", "cache_type_v"):
+        if key in backend and caps.kv_types and backend[key] not in caps.kv_types:
+            out.append(f"backend {cls.NAME} does not support KV type {backend[key]} ({key}). Supported: {', '.join(sorted(caps.kv_types))}")
+    if backend.get("depth", 0) and not caps.context_depth:
+        out.append(f"backend {cls.NAME} cannot pre-fill a context depth (backend.depth={backend['depth']})")
+    if backend.get("flash_attn") == "on" and not caps.flash_attention:
+        out.append(f"backend {cls.NAME} has no flash attention switch")
+    return out

@@ -20,8 +20,10 @@ from .. import __version__, git_sha
 from ..analysis.stats import describe
 from ..backends.base import Backend, BackendError, backend_class
 from ..device.connection import Connection, DeviceError, connect
+from ..device.ssh import ConnectionLost
 from ..device.fingerprint import host_fingerprint
 from ..device.jetson import jetson_fingerprint
+from ..device.thermal import thermal_gate
 from ..device.power import PowerStateError, PowerStrategy
 from ..models import resolve_model_file
 from ..trial import BackendResult, Trial, flatten
@@ -46,6 +48,7 @@ class TrialOutcome:
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. why energy was not measured
     findings: list[str] = field(default_factory=list)
+    noisy: bool = False
 
 
 @dataclass
@@ -71,6 +74,8 @@ def phase_metrics(result: BackendResult) -> tuple[dict[str, float], dict[str, li
         metrics[f"{phase}_tps"] = st.mean
         metrics[f"{phase}_tps_std"] = st.std
         metrics[f"{phase}_tps_median"] = st.median
+        metrics[f"{phase}_tps_ci95_low"], metrics[f"{phase}_tps_ci95_high"] = st.ci95
+        metrics[f"{phase}_tps_cv"] = st.cv
         metrics[f"{phase}_tokens"] = pr.n_tokens
         metrics[f"{phase}_repetitions"] = st.n
         metrics[f"{phase}_ms_mean"] = describe([ns / 1e6 for ns in pr.samples_ns]).mean
@@ -204,16 +209,44 @@ def _run_trials(plan, backends, connections, fingerprints, strategies, tracker, 
     )
     outcomes: list[TrialOutcome] = []
     current: Optional[TrialOutcome] = None
+    sweep = plan.sweep or {}
+    done = {} if sweep.get("rerun") else tracker.finished_trials(exp_name)
+    oom: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
     try:
         for trial in plan.trials:
             on_trial_start(trial)
             dev_name = trial.config["device"]["name"]
+            round_no = (trial.config.get("round") or {}).get("index", 1)
+            key = f"{trial.config_hash}:{round_no}"
+            if key in done:
+                outcome = TrialOutcome(trial, "SKIPPED", run_id=done[key]["run_id"],
+                                       error="already FINISHED in this experiment (sweep.rerun=true runs it again)",
+                                       category="resumed")
+                outcomes.append(outcome)
+                on_trial_end(outcome)
+                continue
+            skip = _oom_skip(trial, oom)
+            if skip:
+                outcome = TrialOutcome(trial, "SKIPPED", error=skip, category="oom_skip")
+                outcomes.append(outcome)
+                on_trial_end(outcome)
+                continue
             current = TrialOutcome(trial, "RUNNING")
-            outcome = _run_one(trial, _backend_for(trial, backends), connections[dev_name],
-                               fingerprints[dev_name], strategies.get(dev_name), tracker, exp_id, parent,
-                               common_tags, current)
+            conn = connections[dev_name]
+            outcome = _run_with_retries(trial, _backend_for(trial, backends), conn, fingerprints[dev_name],
+                                        strategies.get(dev_name), tracker, exp_id, parent, common_tags, current,
+                                        int(sweep.get("connection_retries", 3)))
+            if outcome.status == "FINISHED" and sweep.get("rerun_noisy") and outcome.noisy:
+                log.info("trial %d is noisy (CV over sweep.max_cv): running it once more", trial.index)
+                outcomes.append(outcome)
+                current = TrialOutcome(trial, "RUNNING")
+                outcome = _run_with_retries(trial, _backend_for(trial, backends), conn, fingerprints[dev_name],
+                                            strategies.get(dev_name), tracker, exp_id, parent, common_tags, current,
+                                            int(sweep.get("connection_retries", 3)))
             outcomes.append(outcome)
             current = None
+            if outcome.category == "out_of_memory":
+                oom.append((_oom_key(trial), _context(trial), outcome.run_id or ""))
             on_trial_end(outcome)
     except KeyboardInterrupt:
         if current is not None and current.run_id:
@@ -224,10 +257,53 @@ def _run_trials(plan, backends, connections, fingerprints, strategies, tracker, 
         tracker.log(parent, tags={"jbench.status": "KILLED"})
         tracker.end_run(parent, "KILLED")
         raise
-    n_failed = sum(o.status != "FINISHED" for o in outcomes)
-    tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.finished_trials": len(outcomes) - n_failed})
+    n_failed = sum(o.status == "FAILED" for o in outcomes)
+    n_skipped = sum(o.status == "SKIPPED" for o in outcomes)
+    tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.skipped_trials": n_skipped,
+                              "jbench.finished_trials": len(outcomes) - n_failed - n_skipped,
+                              **({"jbench.dropped": "; ".join(plan.notes)[:5000]} if plan.notes else {})})
     tracker.end_run(parent, "FAILED" if n_failed else "FINISHED")
     return SweepOutcome(sweep_id, exp_name, parent, tracker.uri, outcomes)
+
+
+def _context(trial: Trial) -> int:
+    b = trial.config["backend"]
+    return b.get("depth", 0) + b.get("n_prompt", 0) + b.get("n_gen", 0)
+
+
+def _oom_key(trial: Trial) -> tuple:
+    b, m = trial.config["backend"], trial.config["model"]
+    return (trial.config["device"]["name"], m["name"], m["quant"], b.get("cache_type_k"), b.get("cache_type_v"))
+
+
+def _oom_skip(trial: Trial, oom: list[tuple[tuple, int, str]]) -> Optional[str]:
+    """After an out-of-memory failure, larger contexts of the same model and KV type are skipped."""
+    for key, context, run_id in oom:
+        if key == _oom_key(trial) and _context(trial) >= context:
+            return (f"skipped: the same model and KV type ran out of memory at context {context} "
+                    f"(run {run_id[:12]}); this trial needs {_context(trial)}")
+    return None
+
+
+def _run_with_retries(trial, backend, conn, fingerprint, strategy, tracker, exp_id, parent, common_tags,
+                      outcome, retries: int) -> TrialOutcome:
+    """A lost connection is retried with backoff (1, 2, 4 ... s) before the trial counts as failed."""
+    attempt = 0
+    while True:
+        outcome = _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, parent, common_tags, outcome)
+        if outcome.category != "connection_lost" or attempt >= retries:
+            return outcome
+        attempt += 1
+        delay = 2 ** (attempt - 1)
+        log.warning("trial %d: connection lost; reconnecting in %d s (retry %d of %d)", trial.index, delay, attempt, retries)
+        time.sleep(delay)
+        try:
+            reconnect = getattr(conn, "reconnect", None)
+            if reconnect is not None:
+                reconnect(60)
+        except DeviceError as exc:
+            log.warning("reconnect failed: %s", exc)
+        outcome = TrialOutcome(trial, "RUNNING", notes=[f"retry {attempt} after a lost connection"])
 
 
 def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, parent, common_tags, outcome) -> TrialOutcome:
@@ -269,6 +345,8 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
             tracker.log(outcome.run_id, tags={"power.mode_actual": snap.mode, "power.mode_id": snap.mode_id,
                                               "power.jetson_clocks_actual": snap.clocks_locked,
                                               "power.changes": "; ".join(changes) or "none"})
+        gate_tags = thermal_gate(conn, trial.config.get("thermal") or {}, tlog.logger)
+        tracker.log(outcome.run_id, tags=gate_tags)
         measured = measure(trial, backend, conn, tlog.logger, actual_mode)
         result = measured.result
     except PowerStateError as exc:
@@ -279,12 +357,21 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
         tlog.logger.error("FAILED (%s): %s", exc.category, exc)
         files["raw/stdout.txt"] = exc.raw_output
         files["raw/stderr.txt"] = exc.raw_stderr
+    except ConnectionLost as exc:
+        outcome.status, outcome.error, outcome.category = "FAILED", str(exc), "connection_lost"
+        tlog.logger.error("FAILED (connection_lost): %s", exc)
     except DeviceError as exc:
         outcome.status, outcome.error, outcome.category = "FAILED", str(exc), "device"
         tlog.logger.error("FAILED (device): %s", exc)
     else:
         metrics, stepped = phase_metrics(result)
         metrics.update(measured.metrics)
+        max_cv = (cfg.get("quality") or {}).get("max_cv")
+        cvs = {k: v for k, v in metrics.items() if k.endswith("_tps_cv") and v == v}
+        if max_cv is not None and any(v > max_cv for v in cvs.values()):
+            outcome.noisy = True
+            tracker.log(outcome.run_id, tags={"jbench.noisy": "true", "jbench.noisy_reason": ", ".join(
+                f"{k}={v:.3f} > sweep.max_cv={max_cv}" for k, v in cvs.items() if v > max_cv)})
         metrics["trial_wall_s"] = time.monotonic() - started
         outcome.metrics = metrics
         outcome.notes = [measured.sensor_problem] if measured.sensor_problem else []
@@ -307,6 +394,8 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
     files["trial.log"] = tlog.text()
     tlog.close()
     status_tags = {"jbench.status": outcome.status}
+    if trial.config.get("round"):
+        status_tags["jbench.round"] = trial.config["round"]["index"]
     if outcome.error:
         status_tags.update({"jbench.failure_reason": outcome.error[:5000], "jbench.failure_category": outcome.category})
     tracker.log(outcome.run_id, tags=status_tags)

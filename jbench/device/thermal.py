@@ -1,0 +1,58 @@
+"""Thermal gate: before a trial, wait (bounded) until the device's hottest sensor is cool enough."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from .connection import Connection
+
+# Constant script; thermal zones report milli-degrees C; offline sensors (-256 C and the like) are ignored.
+_READ = 'for z in /sys/devices/virtual/thermal/thermal_zone*/temp; do [ -r "$z" ] && cat "$z"; done 2>/dev/null'
+
+
+def hottest_c(conn: Connection) -> Optional[float]:
+    res = conn.run(["sh", "-c", _READ], timeout=30)
+    temps = []
+    for line in res.stdout.split():
+        try:
+            value = int(line) / 1000.0
+        except ValueError:
+            continue
+        if -40.0 < value < 150.0:
+            temps.append(value)
+    return max(temps) if temps else None
+
+
+def thermal_gate(conn: Connection, cfg: dict, log: logging.Logger, *, read=hottest_c, sleep=time.sleep,
+                 clock=time.monotonic) -> dict[str, str]:
+    """Wait until the hottest sensor is under thermal.start_below_c (bounded by thermal.timeout_s);
+    on timeout go on and say so. Returns tags recording what happened."""
+    limit = cfg.get("start_below_c")
+    tags: dict[str, str] = {}
+    if cfg.get("cooldown_s"):
+        sleep(float(cfg["cooldown_s"]))
+    temp = read(conn)
+    if temp is None:
+        return {"thermal.gate": "no temperature sensors: not gated"}
+    tags["thermal.start_temp_c"] = f"{temp:.1f}"
+    if limit is None:
+        tags["thermal.gate"] = "off"
+        return tags
+    start = clock()
+    waited = False
+    while temp >= limit:
+        if clock() - start >= float(cfg.get("timeout_s", 600)):
+            log.warning("thermal gate: still %.1f C after %.0f s (limit %.1f C); going on", temp, clock() - start, limit)
+            tags.update({"thermal.gate": "timeout", "thermal.start_temp_c": f"{temp:.1f}"})
+            return tags
+        waited = True
+        sleep(float(cfg.get("poll_s", 5)))
+        temp = read(conn)
+        if temp is None:
+            break
+    tags["thermal.gate"] = f"waited {clock() - start:.0f} s" if waited else "cool"
+    if temp is not None:
+        tags["thermal.start_temp_c"] = f"{temp:.1f}"
+    return tags

@@ -1,0 +1,350 @@
+"""compare and regress on synthetic run tables shaped like runs_frame's output (no MLflow, no device)."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jbench.analysis.compare import (
+    CompareError,
+    compare,
+    mann_whitney_u,
+    min_attainable_p,
+    t_cdf,
+    t_ppf,
+    welch_interval,
+)
+from jbench.analysis.regress import RegressError, check_metric, regress
+
+T0 = pd.Timestamp("2025-03-01T02:00:00Z")
+
+
+def history(
+    *,
+    sweeps: int = 6,
+    configs: tuple[str, ...] = ("cfgA", "cfgB", "cfgC"),
+    reps: int = 5,
+    cv: float = 0.01,
+    drift: float = 0.003,
+    last_factor: dict | float = 1.0,
+    seed: int = 0,
+    base_rate: float = 40.0,
+    fingerprint: dict | None = None,
+    last_fingerprint: dict | None = None,
+    device: str = "orin-nx",
+):
+    """Trial rows and decode/prefill repetition samples of `sweeps` nightly sweeps.
+
+    Each repetition is rate * (1 + N(0, cv)); each sweep shifts every rate by N(0, drift) (night-to-night
+    drift); the last sweep multiplies config c's rate by last_factor[c] (or by last_factor for all)."""
+    rng = np.random.default_rng(seed)
+    fp = {"jetson.jetpack": "6.2", "jetson.l4t": "36.4.3", "backend.build_commit": "b4500a1",
+          "model.sha256": "ab" * 32, "host.kernel": "Linux 5.15.148-tegra aarch64", **(fingerprint or {})}
+    rows, dec, pre = [], {}, {}
+    for s in range(sweeps):
+        sweep_id = f"sweep-{s:03d}"
+        night = 1.0 + rng.normal(0, drift)
+        last = s == sweeps - 1
+        tags = {**fp, **(last_fingerprint or {})} if last else fp
+        for i, c in enumerate(configs):
+            factor = (last_factor.get(c, 1.0) if isinstance(last_factor, dict) else last_factor) if last else 1.0
+            rate = base_rate * (1 + 0.1 * i) * night * factor
+            d = list(rate * (1 + rng.normal(0, cv, reps)))
+            p = list(rate * 20 * (1 + rng.normal(0, cv, reps)))
+            run_id = f"r{s:03d}{i:02d}{seed:04d}"
+            dec[run_id], pre[run_id] = d, p
+            start = T0 + pd.Timedelta(days=s, minutes=i)
+            row = {"run_id": run_id, "experiment": "nightly", "status": "FINISHED", "start_time": start,
+                   "end_time": start + pd.Timedelta(seconds=30), "params.model.quant": c,
+                   "metrics.decode_tps": float(np.mean(d)), "metrics.prefill_tps": float(np.mean(p)),
+                   "tags.jbench.kind": "trial", "tags.jbench.config_hash": f"hash-{c}",
+                   "tags.jbench.sweep_id": sweep_id, "tags.jbench.trial_label": f"model.quant={c}",
+                   "tags.device.name": device}
+            row.update({f"tags.{k}": v for k, v in tags.items()})
+            rows.append(row)
+    return pd.DataFrame(rows), {"decode_tps_rep": dec, "prefill_tps_rep": pre}
+
+
+def by_config(report):
+    return {r.config_hash: r for r in report.results}
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+def test_mann_whitney_exact_known_values():
+    full = mann_whitney_u([6, 7, 8, 9, 10], [1, 2, 3, 4, 5])
+    assert full.method == "exact" and full.u == 25 and full.p_value == pytest.approx(2 / 252)
+    assert min_attainable_p(5, 5) == pytest.approx(2 / 252)
+    assert min_attainable_p(4, 4) == pytest.approx(2 / 70)
+    same = mann_whitney_u([1, 2, 3], [1.5, 2.5, 3.5])
+    assert 0.5 < same.p_value <= 1.0
+    tied = mann_whitney_u([1, 1, 1], [1, 1, 1])
+    assert tied.p_value == 1.0 and tied.method == "asymptotic"
+    assert math.isnan(mann_whitney_u([], [1, 2]).p_value)
+
+
+def test_mann_whitney_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(1)
+    for i in range(200):
+        n1, n2 = (int(v) for v in rng.integers(1, 40, 2))
+        x, y = rng.normal(0, 1, n1), rng.normal(rng.normal(0, 0.7), 1, n2)
+        if i % 3 == 0:
+            x, y = np.round(x, 1), np.round(y, 1)  # ties -> normal approximation
+        ours = mann_whitney_u(x, y)
+        ref = stats.mannwhitneyu(x, y, alternative="two-sided", use_continuity=True,
+                                 method="exact" if ours.method == "exact" else "asymptotic")
+        assert ours.u == pytest.approx(ref.statistic)
+        assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-12)
+
+
+def test_student_t_quantiles():
+    assert t_ppf(0.975, 4) == pytest.approx(2.7764451051977987, rel=1e-10)
+    assert t_ppf(0.975, 1) == pytest.approx(12.706204736174698, rel=1e-9)
+    assert t_ppf(0.995, 10) == pytest.approx(3.16927267261695, rel=1e-10)
+    assert t_ppf(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
+    assert t_ppf(0.025, 7) == pytest.approx(-t_ppf(0.975, 7))
+    assert t_cdf(t_ppf(0.9, 3.3), 3.3) == pytest.approx(0.9, abs=1e-10)
+
+
+def test_welch_interval_by_hand():
+    a, b = [10.0, 11.0, 12.0], [13.0, 15.0, 14.0, 16.0]
+    wi = welch_interval(a, b)
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+    dof = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    half = t_ppf(0.975, dof) * math.sqrt(va + vb)
+    assert wi.diff == pytest.approx(3.5)
+    assert (wi.low, wi.high) == pytest.approx((3.5 - half, 3.5 + half))
+    assert math.isnan(welch_interval([1.0], [2.0, 3.0]).low)
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+
+
+def test_compare_no_configuration_in_common_raises():
+    a, s = history(sweeps=1, configs=("x", "y"))
+    b, s2 = history(sweeps=1, configs=("z",), seed=1)
+    with pytest.raises(CompareError, match="no configuration in common between A and B"):
+        compare(a, b, {**s["decode_tps_rep"], **s2["decode_tps_rep"]})
+    with pytest.raises(CompareError, match="selection A has no finished trial runs"):
+        compare(a.iloc[0:0], b)
+
+
+def test_compare_table_and_json():
+    df, samples = history(sweeps=2, configs=("x", "y", "z"), last_factor={"x": 0.9}, seed=3)
+    df["metrics.decode_tokens_per_joule"] = df["metrics.decode_tps"] / 12.0
+    a = df[df["tags.jbench.sweep_id"] == "sweep-000"]
+    b = df[(df["tags.jbench.sweep_id"] == "sweep-001") & (df["params.model.quant"] != "z")]
+    result = compare(a, b, samples)
+    assert result.only_in_a == ["hash-z"] and result.only_in_b == []
+    assert result.metrics == ["prefill_tps", "decode_tps", "decode_tokens_per_joule"]
+    t = result.table.set_index(["config_hash", "metric"])
+    x = t.loc[("hash-x", "decode_tps")]
+    assert x["n_a"] == 5 and x["n_b"] == 5 and x["samples"] == "repetitions"
+    assert -13 < x["change_pct"] < -7 and x["ci_low_pct"] < x["change_pct"] < x["ci_high_pct"]
+    assert x["p_value"] == pytest.approx(2 / 252) and x["significant"]
+    y = t.loc[("hash-y", "decode_tps")]
+    assert abs(y["change_pct"]) < 3
+    tpj = t.loc[("hash-x", "decode_tokens_per_joule")]
+    assert tpj["samples"] == "runs" and tpj["n_a"] == 1 and math.isnan(tpj["ci_low_pct"])
+    doc = json.loads(json.dumps(result.to_dict()))  # JSON-able, NaN as null
+    assert doc["only_in_a"] == ["hash-z"] and len(doc["rows"]) == 6
+    assert "| decode_tps |" in result.to_markdown()
+    # A loader (run_ids, stepped metric) -> samples gives the same table.
+    loaded = compare(a, b, lambda ids, m: {r: samples[m][r] for r in ids if r in samples.get(m, {})})
+    pd.testing.assert_frame_equal(loaded.table, result.table)
+
+
+def test_compare_interval_coverage_and_null_p_values():
+    """Under no change, the 95 % interval covers 0 about 95 % of the time and p < 0.05 about 5 %;
+    with a true -4 % change the interval covers -4 % about as often."""
+    rng = np.random.default_rng(11)
+    cover0 = cover4 = small_p = 0
+    n = 400
+    for _ in range(n):
+        a = list(50 * (1 + rng.normal(0, 0.02, 6)))
+        b = list(50 * (1 + rng.normal(0, 0.02, 6)))
+        c = list(48 * (1 + rng.normal(0, 0.02, 6)))
+        wi = welch_interval(a, b)
+        cover0 += wi.low <= 0 <= wi.high
+        small_p += mann_whitney_u(b, a).p_value < 0.05
+        w4 = welch_interval(a, c)
+        cover4 += w4.low <= -2.0 <= w4.high
+    assert 0.91 <= cover0 / n <= 0.98
+    assert 0.91 <= cover4 / n <= 0.98
+    assert 0.02 <= small_p / n <= 0.09
+
+
+# --------------------------------------------------------------------------------------------
+# regress
+
+
+def test_true_five_percent_regression_is_caught():
+    df, samples = history(sweeps=6, last_factor={"cfgB": 0.95}, seed=5)
+    for baseline in ("last", "all"):
+        rep = regress(df, samples, baseline=baseline)
+        res = by_config(rep)
+        assert res["hash-cfgB"].status == "regression", (baseline, res["hash-cfgB"].message)
+        assert res["hash-cfgA"].status == "pass" and res["hash-cfgC"].status == "pass"
+        assert rep.exit_code == 1
+        check = res["hash-cfgB"].checks[0]
+        assert check.metric == "decode_tps" and check.p_value < 0.01 and check.change == pytest.approx(-0.05, abs=0.015)
+    junit = ET.fromstring(rep.to_junit_xml())
+    cases = junit.findall("testcase")
+    assert len(cases) == 3 and junit.get("failures") == "1"
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert len(failed) == 1 and "cfgB" in failed[0].get("name")
+    md = rep.to_markdown()
+    assert md.startswith("# jbench regress: FAIL") and "| regression |" in md
+
+
+def test_five_percent_regression_detection_rate_over_seeds():
+    """CV 1 %, 5 repetitions, 5 baseline sweeps: the 5 % drop is caught essentially always against the
+    whole history, and nearly always against only the previous sweep (5 vs 5 samples, whose
+    estimated CV sometimes lifts the 3x-noise threshold above 5 %)."""
+    caught = {"all": 0, "last": 0}
+    seeds = range(100)
+    for seed in seeds:
+        df, samples = history(sweeps=6, configs=("cfgA",), last_factor=0.95, seed=seed)
+        for baseline in caught:
+            caught[baseline] += regress(df, samples, baseline=baseline).results[0].status == "regression"
+    assert caught["all"] >= 97
+    assert caught["last"] >= 85
+
+
+def test_noise_with_the_same_mean_is_not_flagged():
+    """3,000 configuration checks of pure noise (CV 1 %, night-to-night drift 0.3 %): no regression and no
+    improvement at p < 0.01 with the 3 % floor, although Mann-Whitney alone is often 'significant' on drift."""
+    flagged = significant = total = 0
+    for seed in range(500):
+        df, samples = history(sweeps=6, configs=("a", "b", "c"), seed=1000 + seed)
+        for baseline in ("last", "all"):
+            rep = regress(df, samples, baseline=baseline)
+            for r in rep.results:
+                total += 1
+                flagged += r.status in ("regression", "improvement")
+                significant += any(c.p_value < 0.01 for c in r.checks)
+            assert rep.exit_code == 0
+    assert total == 3000 and flagged == 0
+    assert significant > 0  # the effect-size floor, not the p-value, is what keeps these quiet
+
+
+def test_noise_floor_scales_with_measured_noise():
+    rng = np.random.default_rng(2)
+    base = list(100 * (1 + rng.normal(0, 0.03, 20)))  # CV ~3 %: threshold ~9 %
+    now = list(95 * (1 + rng.normal(0, 0.03, 5)))
+    c = check_metric(base, now, "decode_tps")
+    assert c.threshold > 0.06 and c.verdict == "no change"
+    quiet = list(100 * (1 + rng.normal(0, 0.001, 20)))  # CV 0.1 %: threshold is the 3 % floor
+    c = check_metric(quiet, list(98 * (1 + rng.normal(0, 0.001, 5))), "decode_tps")
+    assert c.threshold == pytest.approx(0.03) and c.p_value < 0.01 and c.verdict == "no change"
+    c = check_metric(quiet, list(96 * (1 + rng.normal(0, 0.001, 5))), "decode_tps")
+    assert c.verdict == "regression"
+
+
+def test_improvement_is_reported_and_does_not_fail():
+    df, samples = history(sweeps=4, last_factor={"cfgA": 1.08}, seed=9)
+    rep = regress(df, samples, baseline="all")
+    assert by_config(rep)["hash-cfgA"].status == "improvement"
+    assert rep.exit_code == 0
+
+
+def test_fingerprint_change_is_annotated_not_blamed_on_code():
+    df, samples = history(sweeps=5, last_factor=0.94, last_fingerprint={"jetson.jetpack": "6.1",
+                                                                       "backend.build_commit": "c0ffee1"}, seed=4)
+    rep = regress(df, samples, baseline="last")
+    assert rep.exit_code == 0
+    for r in rep.results:
+        assert r.status == "changed-environment"
+        assert "jetson.jetpack 6.2 -> 6.1" in r.fingerprint_changes
+        assert "backend.build_commit b4500a1 -> c0ffee1" in r.fingerprint_changes
+        assert "fingerprint changed: " in r.message and "not attributed to code" in r.message
+        assert r.checks[0].verdict == "regression"  # the drop is still measured and shown
+    junit = ET.fromstring(rep.to_junit_xml())
+    assert junit.get("failures") == "0"
+    assert all("fingerprint changed" in c.find("system-out").text for c in junit.findall("testcase"))
+    assert "fingerprint changed: jetson.jetpack 6.2 -> 6.1" in rep.to_markdown()
+
+
+def test_insufficient_data_is_not_a_pass():
+    # Two repetitions a sweep: fewer than 3 on the current side.
+    df, samples = history(sweeps=4, reps=2, last_factor=0.5, seed=6)
+    rep = regress(df, samples, baseline="last")
+    assert {r.status for r in rep.results} == {"insufficient-data"}
+    assert rep.exit_code == 0
+    assert "need >= 3" in rep.results[0].checks[0].reason
+    junit = ET.fromstring(rep.to_junit_xml())
+    assert junit.get("skipped") == "3"
+    assert all(c.find("skipped") is not None for c in junit.findall("testcase"))
+    # 4 vs 4 samples cannot reach p < 0.01 (smallest p = 2/70): insufficient too.
+    df, samples = history(sweeps=2, reps=4, last_factor=0.5, seed=6)
+    r = regress(df, samples, baseline="last").results[0]
+    assert r.status == "insufficient-data" and "cannot reach p < 0.01" in r.checks[0].reason
+    # A single sweep has no baseline.
+    df, samples = history(sweeps=1, seed=6)
+    r = regress(df, samples).results[0]
+    assert r.status == "insufficient-data" and r.checks[0].reason == "no baseline runs"
+    # No repetition samples at all: one value per run is not a repetition series.
+    df, _ = history(sweeps=3, seed=6)
+    r = regress(df, {}, baseline="last").results[0]
+    assert r.status == "insufficient-data"
+
+
+def test_baseline_selectors_tag_sweep_and_date():
+    df, samples = history(sweeps=6, last_factor={"cfgA": 0.95}, seed=8)
+    # TAG on the sweep parent runs (runs_frame(kinds=("trial", "sweep"))).
+    parents = pd.DataFrame([{"run_id": f"p{s}", "experiment": "nightly", "status": "FINISHED",
+                             "start_time": T0 + pd.Timedelta(days=s), "tags.jbench.kind": "sweep",
+                             "tags.jbench.sweep_id": f"sweep-{s:03d}",
+                             "tags.jbench.baseline": "golden" if s in (1, 2) else None} for s in range(6)])
+    rep = regress(pd.concat([df, parents], ignore_index=True), samples, baseline="golden")
+    r = by_config(rep)["hash-cfgA"]
+    assert r.baseline_sweeps == ["sweep-001", "sweep-002"] and r.status == "regression"
+    # TAG on trial runs.
+    tagged = df.assign(**{"tags.jbench.baseline": np.where(df["tags.jbench.sweep_id"] == "sweep-003", "v1.2", None)})
+    assert by_config(regress(tagged, samples, baseline="v1.2"))["hash-cfgA"].baseline_sweeps == ["sweep-003"]
+    # A sweep id.
+    assert by_config(regress(df, samples, baseline="sweep-000"))["hash-cfgA"].baseline_sweeps == ["sweep-000"]
+    # A date: every run before it.
+    r = by_config(regress(df, samples, baseline="2025-03-03"))["hash-cfgA"]
+    assert r.baseline_sweeps == ["sweep-000", "sweep-001"] and r.checks[0].n_base == 10
+    # 'last' and an explicit current sweep.
+    r = by_config(regress(df, samples, baseline="last", current="sweep-003"))["hash-cfgA"]
+    assert r.now_sweep == "sweep-003" and r.baseline_sweeps == ["sweep-002"]
+    with pytest.raises(RegressError, match="baseline 'nope'"):
+        regress(df, samples, baseline="nope")
+
+
+def test_samples_loader_reads_only_the_runs_under_test():
+    df, samples = history(sweeps=8, configs=("a", "b"), last_factor={"a": 0.9}, seed=12)
+    asked = []
+
+    def load(run_ids, metric):
+        asked.append((metric, sorted(run_ids)))
+        return {r: samples[metric][r] for r in run_ids}
+
+    rep = regress(df, load, baseline="last")
+    assert by_config(rep)["hash-a"].status == "regression"
+    assert [m for m, _ in asked] == ["decode_tps_rep", "prefill_tps_rep"]
+    wanted = df[df["tags.jbench.sweep_id"].isin(["sweep-006", "sweep-007"])]["run_id"]
+    assert asked[0][1] == sorted(wanted)
+
+
+def test_configurations_are_checked_per_device():
+    d1, s1 = history(sweeps=4, configs=("a",), device="nx-1", seed=20, last_factor=0.9)
+    d2, s2 = history(sweeps=4, configs=("a",), device="nx-2", seed=21)
+    d2["run_id"] = d2["run_id"] + "-2"
+    s2 = {m: {k + "-2": v for k, v in s.items()} for m, s in s2.items()}
+    rep = regress(pd.concat([d1, d2]), {m: {**s1[m], **s2[m]} for m in s1}, baseline="all")
+    status = {(r.device, r.config_hash): r.status for r in rep.results}
+    assert status == {("nx-1", "hash-a"): "regression", ("nx-2", "hash-a"): "pass"}
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["exit_code"] == 1 and d["counts"] == {"regression": 1, "pass": 1}

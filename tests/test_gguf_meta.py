@@ -1,0 +1,34 @@
+"""The fast GGUF header reader agrees with the gguf package's reader on the real bundled model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jbench.analysis.roofline import read_gguf, read_gguf_header, weight_bytes_per_token
+from jbench.gguf_meta import GGUFMetaError, header, kv_arch
+
+
+def test_fast_header_matches_gguf_reader(bundled_model):
+    path = bundled_model["Q4_K_M"]["path"]
+    slow, fast = read_gguf(path), read_gguf_header(path)
+    assert fast.arch == slow.arch and fast.architecture == slow.architecture == "gemma3"
+    assert fast.tensors == slow.tensors
+    assert weight_bytes_per_token(fast).total == weight_bytes_per_token(slow).total == 246_588_584
+    meta = kv_arch(path)
+    assert (meta["context_length"], meta["n_layer"], meta["n_head_kv"], meta["head_dim"]) == (32768, 18, 1, 256)
+    values, _ = header(path)
+    assert values["tokenizer.ggml.tokens.__len__"] == 262144
+
+
+def test_corrupt_and_foreign_files(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                    + (10**15).to_bytes(8, "little"))
+    with pytest.raises(GGUFMetaError, match="corrupt"):
+        header(bad)
+    other = tmp_path / "x.bin"
+    other.write_bytes(b"PK\x03\x04" + bytes(64))
+    with pytest.raises(GGUFMetaError, match="not a GGUF file"):
+        header(other)
