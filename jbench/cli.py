@@ -334,6 +334,241 @@ def doctor(device_name: str, config_dirs) -> None:
         raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
 
 
+def _results_tracker(results_dir: Optional[str]):
+    import os
+
+    from .tracking import Tracker
+
+    return Tracker(None, results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results"))
+
+
+_results_option = click.option("--results-dir", default=None,
+                               help="Results directory (default: $JBENCH_RESULTS_DIR or ./results); "
+                                    "$MLFLOW_TRACKING_URI wins when set.")
+
+
+def _sample_loader(tracker):
+    from .tracking import repetition_samples
+
+    return lambda run_ids, metric: repetition_samples(tracker, list(run_ids), metric)
+
+
+def _selection(tracker, spec: str):
+    """A sweep id, a run id, or TAG=VALUE -> the trial runs it names."""
+    from .tracking import runs_frame
+
+    if "=" in spec:
+        tag, _, value = spec.partition("=")
+        df = runs_frame(tracker, tag_filters={tag: value})
+    else:
+        df = runs_frame(tracker, sweep_ids=[spec])
+        if df.empty:
+            df = runs_frame(tracker, run_ids=[spec])
+    if df.empty:
+        raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id, or TAG=VALUE")
+    return df
+
+
+@main.command()
+@click.option("--experiment", "experiment", default=None, help="Experiment name (default: the newest sweep's).")
+@click.option("--sweep", "sweep_id", default=None, help="One sweep (jbench.sweep_id) instead of the whole experiment.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--no-log", is_flag=True, help="Do not attach the report to the sweep's parent MLflow run.")
+@_results_option
+def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
+    """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings."""
+    from .report import build_report
+    from .tracking import runs_frame, telemetry_frame
+
+    tracker = _results_tracker(results_dir)
+    try:
+        df = runs_frame(tracker, [experiment] if experiment else None, sweep_ids=[sweep_id] if sweep_id else None)
+    except LookupError as exc:
+        raise _fail(str(exc)) from None
+    if df.empty:
+        raise _fail("no trial runs found for that selection; run a sweep first")
+    if experiment is None and sweep_id is None:
+        newest = df.sort_values("start_time").iloc[-1]
+        experiment = newest["experiment"]
+        df = df[df["experiment"] == experiment]
+    out = Path(out_dir or Path(tracker.results_dir) / "reports" / (sweep_id or experiment or "all"))
+    tel = telemetry_frame(tracker, list(df["run_id"]))
+    files = build_report(df, _sample_loader(tracker), tel if tel is not None and len(tel) else None,
+                         out_dir=out, title=f"jbench report: {sweep_id or experiment}")
+    console.print(f"report: {files.html_path}\nsummary: {files.markdown_path}", highlight=False)
+    if not no_log:
+        parents = runs_frame(tracker, [df["experiment"].iloc[0]], kinds=("sweep",),
+                             sweep_ids=sorted(set(df["tags.jbench.sweep_id"].dropna())))
+        for run_id in parents["run_id"]:
+            tracker.log_files(run_id, {"report": files.html_path, "report/": files.markdown_path})
+        console.print(f"attached to {len(parents)} sweep run(s) in MLflow")
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_results_option
+def compare(a, b, as_json, results_dir) -> None:
+    """Compare A and B (sweep ids, run ids or TAG=VALUE): change per matched configuration with a
+    95 % confidence interval and a Mann-Whitney test on the repetition samples."""
+    import json
+
+    from .analysis.compare import CompareError, compare as run_compare
+
+    tracker = _results_tracker(results_dir)
+    df_a, df_b = _selection(tracker, a), _selection(tracker, b)
+    try:
+        result = run_compare(df_a, df_b, _sample_loader(tracker))
+    except CompareError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        console.print(result.to_markdown(), highlight=False)
+
+
+@main.command()
+@click.option("--experiment", default="nightly", show_default=True)
+@click.option("--baseline", default="last", show_default=True, help="last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the markdown summary here.")
+@_results_option
+def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
+    """Nightly regression gate: the newest sweep of each configuration against its baseline.
+    Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise))."""
+    from .analysis.regress import RegressError, regress as run_regress
+    from .tracking import runs_frame
+
+    tracker = _results_tracker(results_dir)
+    try:
+        df = runs_frame(tracker, [experiment])
+        result = run_regress(df, _sample_loader(tracker), baseline=baseline)
+    except (LookupError, RegressError) as exc:
+        raise _fail(str(exc)) from None
+    md = result.to_markdown()
+    console.print(md, highlight=False)
+    if junit_path:
+        Path(junit_path).write_text(result.to_junit_xml())
+    if md_path:
+        Path(md_path).write_text(md)
+    raise click.exceptions.Exit(result.exit_code)
+
+
+@main.command()
+@click.option("--experiment", "experiments", multiple=True, help="Experiment(s) to export (default: all).")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="file.parquet or file.csv")
+@click.option("--all-kinds", is_flag=True, help="Also export sweep (parent) runs.")
+@_results_option
+def export(experiments, out_path, all_kinds, results_dir) -> None:
+    """Runs as a table (Parquet or CSV): flattened params, metrics and tags, one row per run."""
+    from .report import export_frame
+    from .tracking import runs_frame
+
+    tracker = _results_tracker(results_dir)
+    try:
+        df = runs_frame(tracker, list(experiments) or None, kinds=None if all_kinds else ("trial",))
+        path = export_frame(df, out_path)
+    except (LookupError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"{len(df)} runs, {len(df.columns)} columns -> {path}", highlight=False)
+
+
+@main.command()
+@click.option("--model", "model_name", required=True, help="Model config name (e.g. gemma3_270m) or a GGUF path.")
+@click.option("--device", "device_name", default=None, help="Device entry whose profile gives the bandwidth.")
+@click.option("--bandwidth-gbs", type=float, default=None, help="Memory bandwidth in GB/s (instead of a device).")
+@click.option("--quant", default=None)
+@click.option("--ctx", "depth", type=int, default=0, show_default=True, help="Context depth (tokens in the KV cache).")
+@click.option("--kv", "kv_type", default="f16", show_default=True, help="KV cache type for K and V.")
+@click.option("--json", "as_json", is_flag=True)
+@_config_dir_option
+def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_json, config_dirs) -> None:
+    """Bytes per decoded token and the bandwidth ceiling on tok/s for a model on a device."""
+    import json
+
+    from .analysis.roofline import RooflineError
+    from .insight import roofline_figures
+
+    try:
+        fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
+                               bandwidth_gbs=bandwidth_gbs, config_dirs=list(config_dirs))
+    except (RooflineError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(fig, indent=2))
+        return
+    table = Table(title=f"roofline: {fig['model']} {fig.get('quant') or ''}", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for key, value in fig.items():
+        if isinstance(value, float):
+            value = f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        elif isinstance(value, int):
+            value = f"{value:,}"
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+@main.group()
+def telemetry() -> None:
+    """Telemetry tools."""
+
+
+@telemetry.command("parse")
+@click.argument("source", type=click.File("r"))
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
+@click.option("--rails", default=None, help="Comma list of rails whose sum is the total power (default: the documented rule).")
+def telemetry_parse(source, fmt, rails) -> None:
+    """Turn a tegrastats log (FILE or -) into JSON lines or CSV; unparseable lines are counted and skipped."""
+    import csv
+    import json
+
+    from .device.telemetry.tegrastats import parse_line, sample_to_dict
+
+    spec = rails.split(",") if rails else None
+    rows, skipped = [], 0
+    for line in source:
+        if not line.strip():
+            continue
+        sample = parse_line(line)
+        if sample is None:
+            skipped += 1
+            continue
+        rows.append(sample_to_dict(sample, spec))
+    if fmt == "jsonl":
+        for row in rows:
+            click.echo(json.dumps(row, default=str))
+    else:
+        cols: dict = {}
+        for row in rows:
+            cols.update(dict.fromkeys(row))
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(cols), restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    err_console.print(f"{len(rows)} samples, {skipped} unparseable line(s) skipped", highlight=False)
+
+
+@main.command()
+@click.argument("device_name", metavar="DEVICE")
+@click.option("--size-mb", type=int, default=512, show_default=True)
+@_config_dir_option
+def calibrate(device_name, size_mb, config_dirs) -> None:
+    """Measure achievable memory bandwidth on DEVICE (numpy copy on the device's CPU) for the roofline."""
+    from .device.connection import DeviceError, connect
+    from .insight import measure_bandwidth, save_calibration
+
+    device, profile, _ = _device_config(device_name, config_dirs)
+    try:
+        with connect(device) as conn:
+            gbs = measure_bandwidth(conn, size_mb)
+    except (DeviceError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    path = save_calibration(device_name, gbs)
+    note = f" (datasheet {profile['memory_bandwidth_gbs']:g} GB/s)" if profile else ""
+    console.print(f"{device_name}: {gbs:.1f} GB/s achievable (CPU copy){note}; saved to {path}", highlight=False)
+
+
 @main.command()
 @click.option("--port", default=5000, show_default=True)
 @click.option("--results-dir", default=None, help="Results directory (default: $JBENCH_RESULTS_DIR or ./results).")

@@ -55,6 +55,8 @@ class DeviceConfig:
     keepalive_s: float = 15.0
     # Jump host as user@host:port (ProxyJump); same host-key rules.
     jump: Optional[str] = None
+    # Memory bandwidth you measured (GB/s); overrides jbench calibrate and the profile datasheet figure.
+    bandwidth_gbs: Optional[float] = None
     # Name of an environment variable holding the sudo password (passwordless sudoers is preferred).
     sudo_password_env: Optional[str] = None
     paths: DevicePaths = field(default_factory=DevicePaths)

@@ -22,7 +22,7 @@ _NON_SEMANTIC = {
     "backend": {"timeout_s", "binary_dir", "server_ready_timeout_s"},
     "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
     "device": {"host", "user", "port", "key", "tags", "known_hosts", "accept_new_host_key", "connect_timeout_s",
-               "keepalive_s", "jump", "sudo_password_env", "paths"},
+               "keepalive_s", "jump", "sudo_password_env", "paths", "bandwidth_gbs"},
 }
 
 

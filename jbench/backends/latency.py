@@ -639,6 +639,18 @@ class LlamaServer:
                                f"({type(self.conn).__name__} has no SSH transport)")
 
     def _wait_ready(self) -> None:
+        # Through a tunnel, every poll before the server listens is a refused direct-tcpip channel, which
+        # paramiko logs at ERROR level: expected here, so those records are dropped while we wait.
+        quiet = _RefusedChannelFilter() if self._forwarder is not None else None
+        if quiet is not None:
+            logging.getLogger("paramiko.transport").addFilter(quiet)
+        try:
+            self._poll_health()
+        finally:
+            if quiet is not None:
+                logging.getLogger("paramiko.transport").removeFilter(quiet)
+
+    def _poll_health(self) -> None:
         assert self.address is not None
         deadline = time.monotonic() + self.ready_timeout_s
         started = time.monotonic()
@@ -730,6 +742,12 @@ class LlamaServer:
 
 class _ServerExited(Exception):
     pass
+
+
+class _RefusedChannelFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("open FAILED" in msg and "Connection refused" in msg)
 
 
 def _looks_oom(text: str) -> bool:

@@ -27,6 +27,7 @@ from ..device.thermal import thermal_gate
 from ..device.power import PowerStateError, PowerStrategy
 from ..models import resolve_model_file
 from ..trial import BackendResult, Trial, flatten
+from ..insight import trial_roofline
 from .measure import measure
 from .plan import Plan
 
@@ -366,6 +367,9 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
     else:
         metrics, stepped = phase_metrics(result)
         metrics.update(measured.metrics)
+        roof_metrics, roof_tags = trial_roofline(cfg, metrics.get("decode_tps"))
+        metrics.update(roof_metrics)
+        measured.tags.update(roof_tags)
         max_cv = (cfg.get("quality") or {}).get("max_cv")
         cvs = {k: v for k, v in metrics.items() if k.endswith("_tps_cv") and v == v}
         if max_cv is not None and any(v > max_cv for v in cvs.values()):
