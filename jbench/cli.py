@@ -85,14 +85,15 @@ def _summary_table(outcome) -> Table:
     table.add_column("run id / reason", overflow="fold")
     for o in outcome.outcomes:
         m = o.metrics
-        color = {"FINISHED": "green", "FAILED": "red"}.get(o.status, "yellow")
+        color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(o.status, "yellow")
         table.add_row(
             str(o.trial.index),
             o.trial.label,
             f"[{color}]{o.status}[/]",
             _fmt(m.get("prefill_tps", math.nan), m.get("prefill_tps_std", math.nan)),
             _fmt(m.get("decode_tps", math.nan), m.get("decode_tps_std", math.nan)),
-            (o.run_id or "")[:12] + ("" if o.status == "FINISHED" else f"  {o.category}: {o.error}"),
+            (o.run_id or "")[:12] + ("" if o.status == "FINISHED" else f"  {o.category}: {o.error}")
+            + ("  [noisy]" if o.noisy else ""),
         )
     return table
 

@@ -386,18 +386,24 @@ def _valid_keys_hint(dotted: str) -> str:
 
 
 def load_profile(name: str, config_dirs: Optional[List[Path]] = None) -> dict:
-    """A module profile by name (packaged conf/profile or the user's config dirs), as a plain dict."""
-    from hydra import compose as hydra_compose
+    """A module profile by name (the user's config dirs first, then the packaged conf/profile),
+    checked against ProfileConfig (unknown keys and wrong types are errors), as a plain dict."""
+    from importlib.resources import files
+
+    import yaml
     from omegaconf import OmegaConf
 
     valid = available_choices("profile", config_dirs)
     if name not in valid:
         raise ConfigError(f"unknown profile '{name}'. Valid profiles: {', '.join(valid)}")
-    dirs = config_dirs or []
-    with _initialized():
-        try:
-            cfg = hydra_compose(config_name=f"profile/{name}", overrides=searchpath_override(dirs))
-        except Exception as exc:
-            raise ConfigError(f"profile '{name}': {explain_compose_error(exc, dirs)}") from None
-    node = cfg.get("profile", cfg)
-    return OmegaConf.to_container(node, resolve=True)
+    candidates = [d / "profile" / f"{name}.yaml" for d in (config_dirs or [])]
+    text = next((c.read_text() for c in candidates if c.is_file()), None)
+    if text is None:
+        text = files(CONFIG_MODULE).joinpath("profile", f"{name}.yaml").read_text()
+    data = yaml.safe_load(text) or {}
+    data.pop("defaults", None)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ProfileConfig), data)
+        return OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+    except Exception as exc:  # OmegaConf validation errors
+        raise ConfigError(f"profile '{name}': {explain_compose_error(exc, [])}") from None

@@ -123,7 +123,7 @@ def test_bad_input_lists_valid_names_without_traceback(tmp_path):
     assert res.returncode == 2
     assert "unknown quant 'Q3_Z'" in res.stderr and "Q4_K_M" in res.stderr and "Traceback" not in res.stderr
     res = jbench_cli(["sweep", "+experiment=quant_ladr"])
-    assert res.returncode == 2 and "Valid experiment names: quant_ladder" in res.stderr
+    assert res.returncode == 2 and "Valid experiment names: backend_shootout, context_sweep" in res.stderr
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):

@@ -305,6 +305,29 @@ def test_server_is_stopped_when_the_client_raises_mid_run(llama_build, bundled_m
     assert any("llama-server stopped" in line for line in lines.lines)
 
 
+def test_server_is_stopped_on_ctrl_c_in_the_main_thread(llama_build, bundled_model, monkeypatch):
+    """Ctrl-C (or the runner's SIGTERM turned into KeyboardInterrupt) lands in the main thread while the
+    requests run in worker threads."""
+    import _thread
+
+    real_complete = latency.StreamingClient.complete
+    calls = []
+
+    def interrupting(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            _thread.interrupt_main()
+        return real_complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(latency.StreamingClient, "complete", interrupting)
+    trial = make_trial("backend.latency_requests=4")
+    log, lines = trial_logger("ctrl-c")
+    with pytest.raises(KeyboardInterrupt):
+        LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
+    assert_server_gone(lines.lines)
+    assert any("llama-server stopped" in line for line in lines.lines)
+
+
 # --------------------------------------------------------------------------------------------
 # Failure paths with the stand-in server
 

@@ -61,8 +61,9 @@ def measure(trial: Trial, backend: Backend, conn: Connection, log: logging.Logge
     if isinstance(sampler, NoSampler):
         log.info("telemetry: none (%s)", sampler.problem)
         result = backend.run(trial, conn, log)
+        chosen = tele["source"] == "none"  # the user asked for no telemetry: nothing to warn about
         return Measured(result, tags={"telemetry.source": "none", "energy.status": f"not measured: {sampler.problem}"},
-                        sensor_problem=sampler.problem)
+                        sensor_problem=None if chosen else sampler.problem)
     log.info("telemetry: %s at %d ms", sampler.source, tele.get("interval_ms", 100))
     extra_raw: dict[str, str] = {}
     try:

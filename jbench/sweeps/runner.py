@@ -62,7 +62,7 @@ class SweepOutcome:
 
     @property
     def failed(self) -> list[TrialOutcome]:
-        return [o for o in self.outcomes if o.status != "FINISHED"]
+        return [o for o in self.outcomes if o.status in ("FAILED", "KILLED")]
 
 
 def phase_metrics(result: BackendResult) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -367,6 +367,7 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
     else:
         metrics, stepped = phase_metrics(result)
         metrics.update(measured.metrics)
+        metrics.update(result.extra_metrics)
         roof_metrics, roof_tags = trial_roofline(cfg, metrics.get("decode_tps"))
         metrics.update(roof_metrics)
         measured.tags.update(roof_tags)

@@ -1,0 +1,193 @@
+"""Sweeps worth trusting: the experiment library plans for every profile, grid rules, ordering,
+rounds, memory fit, resume, OOM skip and the thermal gate."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from jbench.config import available_choices
+from jbench.device.thermal import thermal_gate
+from jbench.sweeps.plan import plan
+from jbench.sweeps.runner import _oom_skip
+from jbench.trial import Trial
+
+from .conftest import jbench_cli
+
+PROFILES = available_choices("profile")
+EXPERIMENTS = available_choices("experiment")
+
+
+def _devices_dir(tmp_path: Path, ram_gb: float | None = None) -> Path:
+    conf = tmp_path / "conf"
+    (conf / "device").mkdir(parents=True)
+    for profile in PROFILES:
+        (conf / "device" / f"dev_{profile}.yaml").write_text(yaml.safe_dump({
+            "defaults": ["device_schema", "_self_"], "name": f"dev_{profile}", "kind": "ssh",
+            "host": "127.0.0.1", "profile": profile}))
+    if ram_gb is not None:
+        (conf / "profile").mkdir()
+        (conf / "profile" / "tiny_board.yaml").write_text(yaml.safe_dump({
+            "defaults": ["profile_schema", "_self_"], "name": "tiny_board", "module": "Tiny", "soc": "t0",
+            "gpu_arch": "none", "memory_bandwidth_gbs": 10, "ram_gb": ram_gb}))
+        (conf / "device" / "tiny.yaml").write_text(yaml.safe_dump({
+            "defaults": ["device_schema", "_self_"], "name": "tiny", "kind": "ssh", "host": "127.0.0.1",
+            "profile": "tiny_board"}))
+    return conf
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_plans_for_every_profile(experiment, tmp_path, bundled_model):
+    conf = _devices_dir(tmp_path)
+    for profile in PROFILES:
+        p = plan([f"+experiment={experiment}", f"device=dev_{profile}"], [conf])
+        assert p.trials, (experiment, profile)
+        assert p.problems == [], (experiment, profile, p.problems)
+        assert all(t.config["profile"]["name"] == profile for t in p.trials)
+        if experiment == "power_modes":
+            modes = {t.config["power"]["mode"] for t in p.trials}
+            assert modes == set(p.trials[0].config["profile"]["power_modes"])
+            assert len(p.trials) == 2 * len(modes)
+
+
+def test_power_modes_needs_a_jetson():
+    from jbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a Jetson device with a profile"):
+        plan(["+experiment=power_modes"])
+
+
+def test_power_modes_grid_and_ordering_by_power_state(tmp_path, bundled_model):
+    conf = _devices_dir(tmp_path)
+    p = plan(["+experiment=power_modes", "device=dev_agx_orin_64gb", "model.quant=Q4_0,Q8_0"], [conf])
+    # 4 modes x clocks off/on x 2 quants, grouped so each power state is applied once, then by model.
+    assert len(p.trials) == 16
+    states = [(t.config["power"]["mode"], t.config["power"]["jetson_clocks"]) for t in p.trials]
+    switches = sum(1 for a, b in zip(states, states[1:]) if a != b)
+    assert switches == 7
+    assert [t.config["model"]["quant"] for t in p.trials[:2]] == ["Q4_0", "Q8_0"]
+
+
+def test_linked_dimensions_and_exclusions(tmp_path):
+    p = plan(["+experiment=kv_precision"])
+    pairs = {(t.config["backend"]["cache_type_k"], t.config["backend"]["cache_type_v"]) for t in p.trials}
+    assert pairs == {("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")} and len(p.trials) == 6
+    exp = tmp_path / "conf" / "experiment"
+    exp.mkdir(parents=True)
+    (exp / "ex.yaml").write_text("# @package _global_\nexperiment:\n  name: ex\nsweep:\n  grid:\n"
+                                 "    backend.n_gen: [4, 8]\n    backend.depth: [0, 64]\n"
+                                 "  exclude:\n    - {backend.n_gen: 8, backend.depth: 64}\n")
+    p = plan(["+experiment=ex"], [tmp_path / "conf"])
+    assert len(p.trials) == 3 and any("sweep.exclude backend.n_gen=8, backend.depth=64" in n for n in p.notes)
+    (exp / "all.yaml").write_text("# @package _global_\nexperiment:\n  name: all\nsweep:\n  grid:\n"
+                                  "    backend.n_gen: [4]\n  exclude:\n    - {backend.n_gen: [4]}\n")
+    p = plan(["+experiment=all"], [tmp_path / "conf"])
+    assert p.trials == [] and "the grid is empty after dropping" in p.problems[-1]
+
+
+def test_context_sweep_drops_beyond_the_models_context(bundled_model):
+    p = plan(["+experiment=context_sweep", "backend.depth=0,4096,32768"])
+    assert [t.config["backend"]["depth"] for t in p.trials] == [0, 4096]
+    assert any("drop_beyond_context" in n and "32768" in n for n in p.notes)
+
+
+def test_memory_fit_is_checked_against_the_profile(tmp_path, bundled_model):
+    conf = _devices_dir(tmp_path, ram_gb=0.5)
+    p = plan(["device=tiny", "model.quant=F16", "sweep.memory_reserve_gb=0.2"], [conf])
+    assert any("more than Tiny (0.5 GB) allows" in m for m in p.problems), p.problems
+
+
+def test_rounds_split_repetitions_and_keep_the_hash():
+    p = plan(["+experiment=nightly"])
+    assert len(p.trials) == 12 and p.rounds == 2
+    first, second = p.trials[:6], p.trials[6:]
+    assert [t.config_hash for t in first] == [t.config_hash for t in second]
+    assert all(t.config["backend"]["repetitions"] == 5 for t in p.trials)
+    assert {t.config["round"]["index"] for t in second} == {2}
+
+
+def test_planning_is_linear_and_hash_stable():
+    p1 = plan(["backend.n_gen=range(1,41)", "backend.depth=range(0,25)"])
+    p2 = plan(["backend.depth=range(0,25)", "backend.n_gen=range(1,41)"])
+    assert len(p1.trials) == 1000
+    assert {t.config_hash for t in p1.trials} == {t.config_hash for t in p2.trials}
+
+
+def _trial(depth, quant="Q4_0"):
+    cfg = {"device": {"name": "d"}, "model": {"name": "m", "quant": quant},
+           "backend": {"depth": depth, "n_prompt": 16, "n_gen": 4, "cache_type_k": "f16", "cache_type_v": "f16"}}
+    return Trial(1, cfg, {}, {}, "h")
+
+
+def test_oom_skips_larger_contexts_of_the_same_model_and_kv_type():
+    from jbench.sweeps.runner import _context, _oom_key
+
+    failed = _trial(2048)
+    oom = [(_oom_key(failed), _context(failed), "run123")]
+    assert "ran out of memory at context 2068" in _oom_skip(_trial(4096), oom)
+    assert _oom_skip(_trial(1024), oom) is None
+    assert _oom_skip(_trial(4096, quant="Q8_0"), oom) is None
+
+
+def test_thermal_gate_waits_bounded_and_skips_without_sensors():
+    log = logging.getLogger("test")
+    temps = iter([72.0, 66.0, 58.0])
+    clock = iter(range(0, 1000, 5))
+    tags = thermal_gate(None, {"start_below_c": 60, "timeout_s": 100, "poll_s": 5}, log,
+                        read=lambda c: next(temps), sleep=lambda s: None, clock=lambda: next(clock))
+    assert tags["thermal.gate"].startswith("waited") and tags["thermal.start_temp_c"] == "58.0"
+    hot = thermal_gate(None, {"start_below_c": 60, "timeout_s": 10, "poll_s": 5}, log,
+                       read=lambda c: 80.0, sleep=lambda s: None, clock=iter(range(0, 1000, 5)).__next__)
+    assert hot["thermal.gate"] == "timeout" and hot["thermal.start_temp_c"] == "80.0"
+    assert thermal_gate(None, {"start_below_c": 60}, log, read=lambda c: None) == {
+        "thermal.gate": "no temperature sensors: not gated"}
+
+
+@pytest.mark.e2e
+def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path)}
+    small = ["backend.n_prompt=8", "backend.repetitions=1", "telemetry.source=none"]
+    first = jbench_cli(["sweep", "backend.n_gen=2,3", *small], env_extra=env)
+    assert first.returncode == 0, first.stderr
+    again = jbench_cli(["sweep", "backend.n_gen=2,3,4", *small], env_extra=env)
+    assert again.returncode == 0, again.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
+    trials = [r for r in runs if r.data.tags.get("jbench.kind") == "trial"]
+    assert sorted(r.data.params["backend.n_gen"] for r in trials) == ["2", "3", "4"]  # only the new cell ran
+    assert again.stdout.count("SKIPPED") == 2
+    rerun = jbench_cli(["sweep", "backend.n_gen=2", "sweep.rerun=true", *small], env_extra=env)
+    assert rerun.returncode == 0 and "FINISHED" in rerun.stdout
+
+
+@pytest.mark.e2e
+def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = fake / "llama-bench"
+    script.write_text(
+        "#!/bin/sh\n# Test fixture: runs out of memory at depth >= 2048, else the real llama-bench.\n"
+        'depth=0; prev=""; for a in "$@"; do [ "$prev" = "-d" ] && depth=$a; prev=$a; done\n'
+        'if [ "$depth" -ge 2048 ]; then echo "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296" >&2; exit 1; fi\n'
+        f'exec {llama_build["bin_dir"]}/llama-bench "$@"\n')
+    script.chmod(0o755)
+    cfg = orin_nano.device_config(name="emu")
+    conf = tmp_path / "conf" / "device"
+    conf.mkdir(parents=True)
+    (conf / "emu.yaml").write_text(yaml.safe_dump({"defaults": ["device_schema", "_self_"], **cfg}))
+    res = jbench_cli(["sweep", "--config-dir", str(tmp_path / "conf"), "device=emu", f"backend.binary_dir={fake}",
+                      "backend.depth=0,2048,4096", "backend.n_prompt=8", "backend.n_gen=2", "backend.repetitions=1",
+                      "model.quant=Q4_0", "telemetry.source=none", "thermal.start_below_c=null"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
+    assert res.returncode == 1, res.stdout + res.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
+    trials = {r.data.params["backend.depth"]: r for r in runs if r.data.tags.get("jbench.kind") == "trial"}
+    assert trials["0"].info.status == "FINISHED"
+    assert trials["2048"].data.tags["jbench.failure_category"] == "out_of_memory"
+    assert "4096" not in trials  # skipped, not run
+    assert "SKIPPED" in res.stdout and "ran out of memory at context" in res.stdout
