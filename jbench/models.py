@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -63,9 +64,17 @@ def manifest_path(model_name: str) -> Path:
 
 def load_manifest(model_name: str) -> dict:
     path = manifest_path(model_name)
-    if not path.exists():
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
         return {"files": {}}
-    return json.loads(path.read_text())
+    return _read_manifest(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=32)
+def _read_manifest(path: str, mtime_ns: int, size: int) -> dict:
+    # Cached by modification time: planning a large sweep resolves the same manifest per trial.
+    return json.loads(Path(path).read_text())
 
 
 def save_manifest(model_name: str, manifest: dict) -> None:
@@ -85,7 +94,7 @@ def resolve_model_file(model: dict) -> tuple[str, dict]:
     name = model["name"]
     if model.get("source") == "bundled":
         entry = load_manifest(name).get("files", {}).get(quant)
-        if not entry or not Path(entry["path"]).exists():
+        if not entry or not os.path.exists(entry["path"]):
             ladder = model.get("ladder") or []
             if quant not in ladder and quant != model.get("source_quant"):
                 raise ModelError(

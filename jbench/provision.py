@@ -246,7 +246,7 @@ def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
     source_quant = model["source_quant"]
     directory = store_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
-    manifest = load_manifest(name)
+    manifest = json.loads(json.dumps(load_manifest(name)))  # our own copy: load_manifest's is cached
     files = manifest.setdefault("files", {})
     source_path = directory / f"{source_quant}.gguf"
     entry = files.get(source_quant)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -86,8 +88,11 @@ def _overlaps(a: str, b: str) -> bool:
 
 
 def _set_dotted(d: dict, key: str, value: Any) -> None:
+    """Set a dotted key, copying the dicts along its path first (copy on write): trials share the
+    sections they do not change, which keeps planning linear with a small constant."""
     parts = key.split(".")
     for part in parts[:-1]:
+        d[part] = dict(d[part])
         d = d[part]
     d[parts[-1]] = value
 
@@ -163,11 +168,20 @@ def _excluded(config: dict, rules: list[dict]) -> Optional[str]:
 
 
 def _model_meta(path: str) -> Optional[dict]:
-    """Architecture facts of a model file on this machine (None when not here or unreadable)."""
+    """Architecture facts and size of a model file on this machine (None when not here or unreadable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _model_meta_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _model_meta_cached(path: str, mtime_ns: int, size: int) -> Optional[dict]:
     from ..gguf_meta import GGUFMetaError, kv_arch
 
     try:
-        return kv_arch(path) if Path(path).is_file() else None
+        return {**kv_arch(path), "file_size": size}
     except (GGUFMetaError, OSError):
         return None
 
@@ -182,6 +196,7 @@ def _kv_bytes_per_token(meta: dict, type_k: str, type_v: str) -> Optional[float]
     return meta["n_layer"] * meta["n_head_kv"] * (meta["head_dim"] * k + meta["head_dim_v"] * v)
 
 
+@lru_cache(maxsize=1)
 def _local_ram_bytes() -> Optional[int]:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -219,7 +234,7 @@ def memory_check(config: dict) -> Optional[str]:
         return None
     from ..analysis.roofline import memory_fit
 
-    fit = memory_fit(Path(path).stat().st_size, kv, context, ram, config["sweep_reserve_bytes"])
+    fit = memory_fit(meta["file_size"], kv, context, ram, config["sweep_reserve_bytes"])
     if fit.fits:
         return None
     return (f"model + KV cache at context {context} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
@@ -317,7 +332,7 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
                 if profile:
                     config["profile"] = copy.deepcopy(profile)
             else:
-                config = copy.deepcopy(base)
+                config = dict(base)
                 for k, v in point.items():
                     _set_dotted(config, k, v)
             cells.append((config, dict(choices), {**group_point, **point}))
