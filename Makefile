@@ -21,6 +21,7 @@ setup: $(STAMP)
 
 # The main job on the embedded default: the quantization ladder on this machine, into MLflow.
 demo: setup
+	$(BIN)/jbench calibrate local
 	$(BIN)/jbench sweep +experiment=quant_ladder
 	@echo
 	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open http://127.0.0.1:5000"

@@ -550,6 +550,38 @@ def telemetry_parse(source, fmt, rails) -> None:
     err_console.print(f"{len(rows)} samples, {skipped} unparseable line(s) skipped", highlight=False)
 
 
+@main.group()
+def trace() -> None:
+    """In-house engine traces."""
+
+
+@trace.command("analyze")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--bandwidth-gbs", type=float, default=None, help="Memory bandwidth for the ceiling (GB/s).")
+@click.option("--profile", default=None, help="Or a module profile whose datasheet bandwidth to use.")
+@click.option("--decode-tps", type=float, default=None, help="Measured decode tok/s (default: from the log).")
+@click.option("--prefill-tps", type=float, default=None)
+@click.option("--tokens", "n_decode_tokens", type=int, default=None, help="Decoded tokens in the trace, if it cannot tell.")
+@click.option("--json", "as_json", is_flag=True)
+@_config_dir_option
+def trace_analyze(path, bandwidth_gbs, profile, decode_tps, prefill_tps, n_decode_tokens, as_json, config_dirs) -> None:
+    """GEMV launches and weight bytes per decoded token, implied bandwidth, ceiling and findings
+    (QKV or gate/up not fused, per-token prefill, parked GPU) from an engine log with GEMV lines."""
+    import json
+
+    from .analysis.gemv_trace import TraceError
+    from .backends.engine import trace_analyze_command
+    from .config import user_config_dirs
+
+    try:
+        text, data = trace_analyze_command(path, bandwidth_gbs, decode_tps, prefill_tps=prefill_tps,
+                                           n_decode_tokens=n_decode_tokens, profile=profile,
+                                           config_dirs=user_config_dirs(list(config_dirs)))
+    except TraceError as exc:
+        raise _fail(str(exc)) from None
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
 @main.command()
 @click.argument("device_name", metavar="DEVICE")
 @click.option("--size-mb", type=int, default=512, show_default=True)
