@@ -401,7 +401,7 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
         parents = runs_frame(tracker, [df["experiment"].iloc[0]], kinds=("sweep",),
                              sweep_ids=sorted(set(df["tags.jbench.sweep_id"].dropna())))
         for run_id in parents["run_id"]:
-            tracker.log_files(run_id, {"report": files.html_path, "report/": files.markdown_path})
+            tracker.log_files(run_id, [("report", files.html_path), ("report", files.markdown_path)])
         console.print(f"attached to {len(parents)} sweep run(s) in MLflow")
 
 

@@ -118,9 +118,9 @@ class Tracker:
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
-    def log_files(self, run_id: str, files: dict[str, Path]) -> None:
-        """Existing files as artifacts: {artifact dir ('' for the root): local path}."""
-        for artifact_dir, path in files.items():
+    def log_files(self, run_id: str, files: Iterable[tuple[str, Path]]) -> None:
+        """Existing files as artifacts: (artifact dir, '' for the root; local path) pairs."""
+        for artifact_dir, path in files:
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_dir or None)
 
     def finished_trials(self, experiment_name: str) -> dict[str, dict]:

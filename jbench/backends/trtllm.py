@@ -22,7 +22,8 @@ directory without a matching manifest is rebuilt.
 Rates come from trtllm_parse.phase_metrics (definitions and caveats in docs/backends.md). TensorRT-LLM
 reports rates, not per-repetition wall times: each run of the benchmark gives one sample per phase,
 ``samples_ns = tokens / rate``, and phases carry no device-clock window (no per-phase energy).
-Everything runs as argument lists; the two fixed shell snippets (writing a file) take paths as "$1".
+Everything runs as argument lists. The few fixed shell snippets (write stdin or a command's stdout to a
+file, read the device name, `command -v`) contain no config value: paths and commands come in as "$@".
 
 This module has not been run against a real TensorRT-LLM: it is tested with stand-in executables
 that replay recorded public outputs (tests/fixtures/trtllm/).
