@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
-    overrides = ["+experiment=quant_ladder", f"backend.n_prompt={args.n_prompt}",
+    # sweep.rerun: every round measures again (otherwise resume would skip the finished trials).
+    overrides = ["+experiment=quant_ladder", "sweep.rerun=true", f"backend.n_prompt={args.n_prompt}",
                  f"backend.n_gen={args.n_gen}", f"backend.repetitions={args.reps}"]
     with tempfile.TemporaryDirectory(prefix="jbench-bench-") as tmp:
         results = Path(tmp)
