@@ -108,6 +108,21 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _history(plan_) -> dict:
+    """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
+    from .tracking import Tracker, resolve_uri
+
+    uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
+    if uri.startswith("sqlite:") and not Path(uri[len("sqlite:///"):]).exists():
+        return {}
+    try:
+        tracker = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
+        return tracker.finished_trials(plan_.tracking.get("experiment_name") or plan_.experiment)
+    except Exception as exc:  # an unreachable tracking server must not stop a dry run
+        err_console.print(f"[yellow]no duration estimate: {exc}[/]")
+        return {}
+
+
 def _execute(plan_, dry_run: bool) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -123,9 +138,27 @@ def _execute(plan_, dry_run: bool) -> None:
         raise _fail("the sweep has no trials")
     console.print(f"[bold]{plan_.experiment}[/]: {len(plan_.trials)} trial(s)"
                   + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""))
+    for note in plan_.notes:
+        console.print(f"[cyan]note:[/] {note}", highlight=False)
     if dry_run:
+        history = _history(plan_)
+        known = 0.0
+        unknown = 0
         for t in plan_.trials:
-            console.print(f"  {t.index:>4}  {t.label}  [dim]{t.config_hash}[/]", highlight=False)
+            round_no = (t.config.get("round") or {}).get("index", 1)
+            wall = (history.get(f"{t.config_hash}:{round_no}") or history.get(f"{t.config_hash}:1") or {}).get("wall_s")
+            if wall:
+                known += wall
+            else:
+                unknown += 1
+            est = f"~{wall:.0f} s" if wall else "no estimate"
+            console.print(f"  {t.index:>4}  {t.label}  [dim]{t.config_hash}  {est}[/]", highlight=False)
+        done = sum(1 for t in plan_.trials
+                   if f"{t.config_hash}:{(t.config.get('round') or {}).get('index', 1)}" in history)
+        console.print(f"estimated duration: {known / 60:.1f} min for {len(plan_.trials) - unknown} trial(s) from earlier "
+                      f"runs of the same configuration; {unknown} trial(s) without history"
+                      + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
+                      highlight=False)
         return
 
     progress = Progress(

@@ -125,27 +125,24 @@ class Tracker:
 
     def finished_trials(self, experiment_name: str) -> dict[str, dict]:
         """FINISHED trial runs of an experiment keyed by `<config hash>:<round>`, with their wall time
-        (resume and duration estimates). One paginated query, no per-run calls."""
-        exp = self.client.get_experiment_by_name(experiment_name)
-        if exp is None:
+        (resume and duration estimates). Reads through runs_frame, which uses plain SQL on MLflow's
+        SQL store (a few seconds for 10,000 runs where search_runs takes half a minute)."""
+        if self.client.get_experiment_by_name(experiment_name) is None:
             return {}
+        df = runs_frame(self, [experiment_name], kinds=("trial",))
         found: dict[str, dict] = {}
-        token = None
-        while True:
-            page = self.client.search_runs(
-                [exp.experiment_id],
-                filter_string="attributes.status = 'FINISHED' and tags.`jbench.kind` = 'trial'",
-                max_results=5000, page_token=token,
-            )
-            for run in page:
-                h = run.data.tags.get("jbench.config_hash")
-                if h:
-                    key = f"{h}:{run.data.tags.get('jbench.round', '1')}"
-                    found.setdefault(key, {"run_id": run.info.run_id,
-                                           "wall_s": run.data.metrics.get("trial_wall_s")})
-            token = page.token
-            if not token:
-                return found
+        if df.empty or "tags.jbench.config_hash" not in df:
+            return found
+        done = df[df["status"] == "FINISHED"]
+        rounds = done["tags.jbench.round"] if "tags.jbench.round" in done else None
+        walls = done["metrics.trial_wall_s"] if "metrics.trial_wall_s" in done else None
+        for i, (run_id, h) in enumerate(zip(done["run_id"], done["tags.jbench.config_hash"])):
+            if not isinstance(h, str) or not h:
+                continue
+            r = rounds.iloc[i] if rounds is not None and isinstance(rounds.iloc[i], str) else "1"
+            wall = walls.iloc[i] if walls is not None else None
+            found.setdefault(f"{h}:{r}", {"run_id": run_id, "wall_s": None if wall != wall else wall})
+        return found
 
     def finished_config_hashes(self, experiment_id: str) -> dict[str, str]:
         """config hash -> run id of FINISHED trial runs in the experiment (for resuming sweeps)."""

@@ -160,6 +160,8 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     trials = [r for r in runs if r.data.tags.get("jbench.kind") == "trial"]
     assert sorted(r.data.params["backend.n_gen"] for r in trials) == ["2", "3", "4"]  # only the new cell ran
     assert again.stdout.count("SKIPPED") == 2
+    plan_only = jbench_cli(["sweep", "backend.n_gen=2,3,4,5", "--dry-run", *small], env_extra=env)
+    assert "3 already FINISHED" in plan_only.stdout and "1 trial(s) without history" in plan_only.stdout
     rerun = jbench_cli(["sweep", "backend.n_gen=2", "sweep.rerun=true", *small], env_extra=env)
     assert rerun.returncode == 0 and "FINISHED" in rerun.stdout
 
