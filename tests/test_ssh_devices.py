@@ -322,3 +322,23 @@ def test_connection_dropped_mid_trial_is_a_failed_trial_and_the_sweep_goes_on(or
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].info.status == "FAILED" and "lost the SSH connection" in trials[0].data.tags["jbench.failure_reason"]
     assert trials[1].info.status == "FINISHED" and trials[1].data.metrics["decode_tps"] > 0
+
+
+def test_jump_host(orin_nano, agx_orin, tmp_path):
+    # Reach agx_orin through orin_nano (ProxyJump). The device entry's key is used for both hops, so
+    # orin_nano also accepts agx_orin's key; both host keys are verified.
+    line = orin_nano.authorized_keys_path.read_text().splitlines()[0]
+    options = line[: line.index(" ssh-")]
+    with open(orin_nano.authorized_keys_path, "a") as f:
+        f.write(f"{options} {agx_orin.public_key_path.read_text().strip()}\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(orin_nano.host_key_line + "\n" + agx_orin.host_key_line + "\n")
+    cfg = device_cfg(agx_orin, known_hosts=str(known), jump=f"{orin_nano.user}@{orin_nano.host}:{orin_nano.port}")
+    with connect(cfg) as conn:
+        assert conn.jump is not None
+        res = conn.run(["nvpmodel", "-q"], timeout=20)
+        assert agx_orin.nvpmodel_mode_name in res.stdout
+    # An unknown jump host key is refused like any other.
+    known.write_text(agx_orin.host_key_line + "\n")
+    with pytest.raises(HostKeyError):
+        connect(device_cfg(agx_orin, known_hosts=str(known), jump=f"{orin_nano.user}@{orin_nano.host}:{orin_nano.port}"))
