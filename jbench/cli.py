@@ -140,6 +140,7 @@ def _execute(plan_, dry_run: bool) -> None:
                   + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""))
     for note in plan_.notes:
         console.print(f"[cyan]note:[/] {note}", highlight=False)
+    notes_shown = len(plan_.notes)
     if dry_run:
         history = _history(plan_)
         known = 0.0
@@ -203,6 +204,8 @@ def _execute(plan_, dry_run: bool) -> None:
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(130) from None
     console.print(_summary_table(result))
+    for note in plan_.notes[notes_shown:]:  # drops decided at preflight (backends not available)
+        console.print(f"[cyan]note:[/] {note}", highlight=False)
     notes = sorted({n for o in result.outcomes for n in o.notes})
     for note in notes:  # said once per sweep, not once per trial
         err_console.print(f"[yellow]energy not measured:[/] {note}", highlight=False)

@@ -134,6 +134,8 @@ def run_plan(
     fingerprints: dict[str, dict[str, str]] = {}
     strategies: dict[str, PowerStrategy] = {}
     saved: list[PowerStrategy] = []
+    preflighted: dict[tuple, list[str]] = {}  # one preflight per device and backend config
+    unavailable: set[int] = set()
     try:
         # Preflight: reach every device and check every backend before the first trial.
         problems: list[str] = []
@@ -152,7 +154,17 @@ def run_plan(
                     connections.pop(name, None)
                     continue
             backend = _backend_for(trial, backends)
-            for msg in backend.preflight(connections[name]):
+            key = (name, repr(sorted(trial.config["backend"].items())))
+            if key not in preflighted:
+                preflighted[key] = backend.preflight(connections[name])
+            msgs = preflighted[key]
+            if msgs and (plan.sweep or {}).get("skip_unavailable_backends"):
+                unavailable.add(trial.index)
+                note = f"dropped {trial.label}: backend {trial.config['backend']['name']} not available on '{name}': {msgs[0]}"
+                if note not in plan.notes:
+                    plan.notes.append(note)
+                continue
+            for msg in msgs:
                 if msg not in problems:
                     problems.append(msg)
             if _wants_power(trial):
@@ -173,6 +185,11 @@ def run_plan(
                     strategies[name].check_sudo()
                 except DeviceError as exc:
                     problems.append(str(exc))
+        if unavailable:
+            # skip_unavailable_backends: the backend_shootout runs what the device has.
+            plan.trials = [t for t in plan.trials if t.index not in unavailable]
+            if not plan.trials:
+                problems.append("no backend of the sweep is available on the device: " + "; ".join(plan.notes))
         if problems:
             raise PreflightError("\n".join(problems))
         # A controller that died earlier may have left a device in a changed state: put it back first.
