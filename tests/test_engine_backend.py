@@ -126,8 +126,6 @@ def test_cli_trace_findings_reach_the_trial_log(traced_run):
     assert "GEMV trace: 8 token(s) (index-reset), 14 GEMVs/token, 2 layers x 7 GEMVs" in text
 
 
-@pytest.mark.xfail(strict=True, reason="runner.py does not log BackendResult.findings as finding.<code> tags yet "
-                                       "(to be wired by the runner owner; remove this mark then)")
 def test_cli_trace_findings_are_tags(traced_run):
     _client, run, _tmp = traced_run
     assert "finding.qkv_not_fused" in run.data.tags and "finding.gate_up_not_fused" in run.data.tags

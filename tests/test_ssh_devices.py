@@ -311,17 +311,27 @@ def test_leftover_state_file_is_restored_at_the_next_start(orin_nano_super, tmp_
     assert not list(Path(emu.home).glob(".cache/jbench/power-state-*.json"))
 
 
-def test_connection_dropped_mid_trial_is_a_failed_trial_and_the_sweep_goes_on(orin_nano, tmp_path, llama_build, bundled_model):
+def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_on(orin_nano, tmp_path, llama_build, bundled_model):
     emu = orin_nano
     conf = write_conf(tmp_path, emu)
+    common = ["sweep", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={llama_build['bin_dir']}",
+              "backend.n_prompt=256", "backend.n_gen=64", "backend.repetitions=5", "telemetry.source=none"]
+    # Retries off: the dropped trial is FAILED with the reason; the next trial still runs.
     emu.die_after(1.0, match=["llama-bench"])
-    res = jbench_cli(["sweep", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={llama_build['bin_dir']}",
-                      "model.quant=Q4_0,Q8_0", "backend.n_prompt=256", "backend.n_gen=64", "backend.repetitions=5",
-                      "telemetry.source=none"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
+    res = jbench_cli([*common, "model.quant=Q4_0,Q8_0", "sweep.connection_retries=0"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
     assert res.returncode == 1, res.stdout + res.stderr
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].info.status == "FAILED" and "lost the SSH connection" in trials[0].data.tags["jbench.failure_reason"]
+    assert trials[0].data.tags["jbench.failure_category"] == "connection_lost"
     assert trials[1].info.status == "FINISHED" and trials[1].data.metrics["decode_tps"] > 0
+    # Default: the connection is re-established with backoff and the trial runs again.
+    emu.die_after(1.0, match=["llama-bench"])
+    res = jbench_cli([*common, "model.quant=Q4_0"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r2")})
+    assert res.returncode == 0, res.stdout + res.stderr
+    client, trials = _trials(f"sqlite:///{tmp_path}/r2/mlflow.db", "adhoc")
+    statuses = sorted(t.info.status for t in trials)
+    assert statuses == ["FAILED", "FINISHED"]  # the dropped attempt is recorded, the retry finished
 
 
 def test_jump_host(orin_nano, agx_orin, tmp_path):

@@ -8,6 +8,7 @@ trial and the sweep KILLED before re-raising.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import time
 import uuid
@@ -385,6 +386,12 @@ def _run_one(trial, backend, conn, fingerprint, strategy, tracker, exp_id, paren
         metrics, stepped = phase_metrics(result)
         metrics.update(measured.metrics)
         metrics.update(result.extra_metrics)
+        metrics.update(result.metrics)
+        for f in result.findings:  # backend-side diagnoses (e.g. the engine's GEMV trace)
+            measured.tags[f"finding.{f['code']}"] = f["message"]
+            outcome.findings.append(f["message"])
+        if result.findings:
+            files["backend_findings.json"] = json.dumps(result.findings, indent=2, default=str)
         roof_metrics, roof_tags = trial_roofline(cfg, metrics.get("decode_tps"))
         metrics.update(roof_metrics)
         measured.tags.update(roof_tags)
