@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag
-from mlflow.tracking import MlflowClient
+# MLflow 3 sends usage telemetry of its own by default; jbench does not phone home for its users.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 # MLflow's limits on a param value and on batch sizes.

@@ -315,9 +315,10 @@ def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_
     emu = orin_nano
     conf = write_conf(tmp_path, emu)
     common = ["sweep", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={llama_build['bin_dir']}",
-              "backend.n_prompt=256", "backend.n_gen=64", "backend.repetitions=5", "telemetry.source=none"]
+              "backend.n_prompt=64", "backend.n_gen=32", "backend.repetitions=3", "telemetry.source=none",
+              "thermal.start_below_c=null"]
     # Retries off: the dropped trial is FAILED with the reason; the next trial still runs.
-    emu.die_after(1.0, match=["llama-bench"])
+    emu.die_after(0.5, match=["llama-bench"])
     res = jbench_cli([*common, "model.quant=Q4_0,Q8_0", "sweep.connection_retries=0"],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
     assert res.returncode == 1, res.stdout + res.stderr
@@ -326,7 +327,7 @@ def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_
     assert trials[0].data.tags["jbench.failure_category"] == "connection_lost"
     assert trials[1].info.status == "FINISHED" and trials[1].data.metrics["decode_tps"] > 0
     # Default: the connection is re-established with backoff and the trial runs again.
-    emu.die_after(1.0, match=["llama-bench"])
+    emu.die_after(0.5, match=["llama-bench"])
     res = jbench_cli([*common, "model.quant=Q4_0"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r2")})
     assert res.returncode == 0, res.stdout + res.stderr
     client, trials = _trials(f"sqlite:///{tmp_path}/r2/mlflow.db", "adhoc")
