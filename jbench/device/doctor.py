@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .connection import Connection, DeviceError
+from .fingerprint import parse_sections
 from .jetson import JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
 from .power import SUDOERS_HINT
 
@@ -19,18 +20,6 @@ class Check:
     status: str  # pass | warn | fail | info
     detail: str
     fix: str = ""
-
-
-def _sections(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("@@"):
-            current = line[2:].strip()
-            out[current] = ""
-        elif current:
-            out[current] += line + "\n"
-    return {k: v.strip() for k, v in out.items()}
 
 
 def check_device(conn: Connection, device: dict, binary_dir: Optional[str] = None) -> list[Check]:
@@ -81,7 +70,7 @@ def doctor(conn: Connection, device: dict, profile: Optional[dict]) -> list[Chec
     paths = device.get("paths") or {}
     gpu_devfreq = (profile or {}).get("gpu_devfreq") or "/nonexistent"
     res = conn.run(["sh", "-c", _DOCTOR_PROBE, "sh", gpu_devfreq, paths.get("nvpmodel_conf", "/etc/nvpmodel.conf")], timeout=60)
-    s = _sections(res.stdout)
+    s = parse_sections(res.stdout)
 
     if profile:
         fp = jetson_fingerprint(conn, paths)

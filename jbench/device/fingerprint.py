@@ -20,7 +20,8 @@ echo '@@dtmodel'; tr -d '\0' < /proc/device-tree/model 2>/dev/null; echo
 """
 
 
-def _sections(text: str) -> dict[str, str]:
+def parse_sections(text: str) -> dict[str, str]:
+    """Output of a probe script that prints `@@name` headers -> {name: section text}."""
     out: dict[str, str] = {}
     current = None
     for line in text.splitlines():
@@ -34,7 +35,7 @@ def _sections(text: str) -> dict[str, str]:
 
 def parse_host_fingerprint(text: str) -> dict[str, str]:
     """Turn the probe's output into host.* tags; absent facts are left out, never invented."""
-    s = _sections(text)
+    s = parse_sections(text)
     tags: dict[str, str] = {}
     if s.get("hostname"):
         tags["host.hostname"] = s["hostname"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .connection import Connection
+from .fingerprint import parse_sections
 
 
 class JetsonError(Exception):
@@ -142,18 +143,6 @@ def jetpack_for_l4t(l4t: Optional[str]) -> Optional[str]:
 # Reads through a connection
 
 
-def _sections(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("@@"):
-            current = line[2:].strip()
-            out[current] = ""
-        elif current:
-            out[current] += line + "\n"
-    return {k: v.strip() for k, v in out.items()}
-
-
 # One round trip; the paths are passed as positional arguments ($1..$3), never pasted into the script.
 _PROBE = r"""
 echo '@@model'; tr -d '\0' < "$1" 2>/dev/null; echo
@@ -169,7 +158,7 @@ echo '@@nvpmodel'; nvpmodel -q 2>/dev/null
 def jetson_fingerprint(conn: Connection, paths: dict) -> dict[str, str]:
     """jetson.* tags read on the device; a fact the device does not show is left out."""
     res = conn.run(["sh", "-c", _PROBE, "sh", paths["device_tree_model"], paths["tegra_release"]], timeout=30)
-    s = _sections(res.stdout)
+    s = parse_sections(res.stdout)
     tags: dict[str, str] = {}
     if s.get("model"):
         tags["jetson.module"] = s["model"]
