@@ -65,6 +65,16 @@ class Backend(ABC):
         speed window is too short to integrate power over."""
 
 
+def size_problems(cfg: dict) -> list[str]:
+    """The token-count and repetition checks every llama-bench-like backend shares."""
+    problems = [f"backend.{key} must be >= 0 (got {cfg[key]})" for key in ("n_prompt", "n_gen", "depth") if cfg[key] < 0]
+    if cfg["n_prompt"] == 0 and cfg["n_gen"] == 0:
+        problems.append("backend.n_prompt and backend.n_gen are both 0: nothing to measure")
+    if cfg["repetitions"] < 1:
+        problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
+    return problems
+
+
 _BUILTIN = {
     "llamacpp": "jbench.backends.llamacpp:LlamaCppBackend",
     "engine": "jbench.backends.engine:EngineBackend",

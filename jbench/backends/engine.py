@@ -30,7 +30,7 @@ from ..device.connection import CommandResult, CommandTimeout, Connection
 from ..device.telemetry.samplers import split_stamp, stamped
 from ..models import ModelError, resolve_model_file
 from ..trial import BackendResult, PhaseResult, Trial
-from .base import Backend, BackendError, Capabilities
+from .base import Backend, BackendError, Capabilities, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -325,13 +325,7 @@ class EngineBackend(Backend):
     def validate(self, trial: Trial) -> list[str]:
         cfg = trial.section("backend")
         problems: list[str] = []
-        for key in ("n_prompt", "n_gen", "depth"):
-            if cfg[key] < 0:
-                problems.append(f"backend.{key} must be >= 0 (got {cfg[key]})")
-        if cfg["n_prompt"] == 0 and cfg["n_gen"] == 0:
-            problems.append("backend.n_prompt and backend.n_gen are both 0: nothing to measure")
-        if cfg["repetitions"] < 1:
-            problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
+        problems += size_problems(cfg)
         if cfg["context"] < 1:
             problems.append(f"backend.context must be >= 1 (got {cfg['context']})")
         elif min(cfg["n_prompt"], cfg["n_gen"], cfg["depth"]) >= 0:

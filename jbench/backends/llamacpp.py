@@ -22,7 +22,7 @@ from ..device.telemetry.samplers import stamped
 from ..models import ModelError, check_quant, resolve_model_file
 from ..trial import BackendResult, PhaseResult, Trial
 from . import latency
-from .base import Backend, BackendError, Capabilities
+from .base import Backend, BackendError, Capabilities, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -239,13 +239,7 @@ class LlamaCppBackend(Backend):
         problems = []
         if (msg := check_quant(model["quant"])) is not None:
             problems.append(msg)
-        for key in ("n_prompt", "n_gen", "depth"):
-            if cfg[key] < 0:
-                problems.append(f"backend.{key} must be >= 0 (got {cfg[key]})")
-        if cfg["n_prompt"] == 0 and cfg["n_gen"] == 0:
-            problems.append("backend.n_prompt and backend.n_gen are both 0: nothing to measure")
-        if cfg["repetitions"] < 1:
-            problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
+        problems += size_problems(cfg)
         for key in ("cache_type_k", "cache_type_v"):
             if cfg[key] not in KV_TYPES:
                 problems.append(f"backend.{key} '{cfg[key]}' is not a llama.cpp KV type. Valid: {', '.join(KV_TYPES)}")
