@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jbench.backends.latency import StreamingClient, TunnelForwarder  # noqa: E402
+from jbench.backends.llamacpp.server import StreamingClient, TunnelForwarder  # noqa: E402
 
 
 def sse_chunks(n_tokens: int) -> list[bytes]:

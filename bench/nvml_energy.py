@@ -27,14 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jbench.analysis.energy import window_energy  # noqa: E402
 from jbench.analysis.telemetry import counter_energy  # noqa: E402
-from jbench.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from jbench.device.connection import LocalConnection  # noqa: E402
 from jbench.sweeps.measure import measure  # noqa: E402
 from jbench.trial import Trial  # noqa: E402
 
 
 def make_trial(bin_dir: str, model: str, n_prompt: int, n_gen: int, reps: int, min_window_s: float) -> Trial:
-    # The llama.cpp backend's config keys (jbench.backends.llamacpp.LlamaCppConfig).
+    # The llama.cpp backend's config keys (jbench.backends.llamacpp.backend.LlamaCppConfig).
     backend = {"name": "llamacpp", "depth": 0, "warmup": True, "threads": None, "n_batch": None, "n_ubatch": None,
                "cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto", "extra_args": [], "timeout_s": 1800.0}
     backend.update(binary_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps, n_gpu_layers=99)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jbench.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from jbench.models import resolve_model_file  # noqa: E402
+from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from jbench.models.store import resolve_model_file  # noqa: E402
 from jbench.sweeps.plan import plan  # noqa: E402
 from jbench.sweeps.runner import run_plan  # noqa: E402
-from jbench.tracking import Tracker  # noqa: E402
+from jbench.tracking.writer import Tracker  # noqa: E402
 
 
 def jbench_round(overrides: list[str], results: Path) -> tuple[float, list[list[str]]]:

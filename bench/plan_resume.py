@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jbench.sweeps.plan import plan  # noqa: E402
-from jbench.tracking import Tracker  # noqa: E402
+from jbench.tracking.writer import Tracker  # noqa: E402
 
 STORE = Path("/tmp/jbench-bench-10k")
 

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jbench.backends.llamacpp import parse_output  # noqa: E402
+from jbench.backends.llamacpp.backend import parse_output  # noqa: E402
 from jbench.device.connection import LocalConnection  # noqa: E402
 from jbench.device.telemetry.samplers import SYSFS_READER, TegrastatsSampler, stamped  # noqa: E402
-from jbench.models import load_manifest  # noqa: E402
-from jbench.provision import active_build  # noqa: E402
+from jbench.models.store import load_manifest  # noqa: E402
+from jbench.models.provision import active_build  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__
+from jbench import __version__
 
 console = Console()
 err_console = Console(stderr=True)
@@ -57,8 +57,8 @@ def main(verbose: bool) -> None:
 
 
 def _plan(overrides, config_dirs, use_grid: bool):
-    from .config import ConfigError, user_config_dirs
-    from .sweeps.plan import plan
+    from jbench.config import ConfigError, user_config_dirs
+    from jbench.sweeps.plan import plan
 
     try:
         dirs = user_config_dirs(list(config_dirs))
@@ -110,7 +110,7 @@ def _sigterm_as_interrupt() -> None:
 
 def _history(plan_) -> dict:
     """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
-    from .tracking import Tracker, resolve_uri
+    from jbench.tracking.writer import Tracker, resolve_uri
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
     if uri.startswith("sqlite:") and not Path(uri[len("sqlite:///"):]).exists():
@@ -126,8 +126,8 @@ def _history(plan_) -> dict:
 def _execute(plan_, dry_run: bool) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .sweeps.runner import PreflightError, run_plan
-    from .tracking import Tracker
+    from jbench.sweeps.runner import PreflightError, run_plan
+    from jbench.tracking.writer import Tracker
 
     if plan_.problems:
         err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
@@ -245,8 +245,8 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
     """Provision the embedded default: build llama.cpp, install and quantize the bundled model."""
     from omegaconf import OmegaConf
 
-    from .config import ConfigError, compose, user_config_dirs
-    from .provision import SetupError, build_llamacpp, install_bundled_model
+    from jbench.config import ConfigError, compose, user_config_dirs
+    from jbench.models.provision import SetupError, build_llamacpp, install_bundled_model
 
     def say(msg: str) -> None:
         console.print(f"[cyan]setup[/] {msg}", highlight=False)
@@ -275,7 +275,7 @@ def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
     """(device, profile or None, backend) for a device entry, through the same composition as sweeps."""
     from omegaconf import OmegaConf
 
-    from .config import ConfigError, compose, load_profile, user_config_dirs
+    from jbench.config import ConfigError, compose, load_profile, user_config_dirs
 
     try:
         dirs = user_config_dirs(list(config_dirs))
@@ -307,7 +307,7 @@ def devices() -> None:
 @_config_dir_option
 def devices_list(config_dirs) -> None:
     """List the devices jbench knows."""
-    from .config import ConfigError, available_choices, user_config_dirs
+    from jbench.config import ConfigError, available_choices, user_config_dirs
 
     try:
         names = available_choices("device", user_config_dirs(list(config_dirs)))
@@ -330,9 +330,9 @@ def devices_list(config_dirs) -> None:
 @_config_dir_option
 def devices_check(names, config_dirs) -> None:
     """Check reachability, sudo rights and tools of NAMES (default: every device)."""
-    from .config import available_choices, user_config_dirs
-    from .device.connection import DeviceError, connect
-    from .device.doctor import check_device, worst
+    from jbench.config import available_choices, user_config_dirs
+    from jbench.device.connection import DeviceError, connect
+    from jbench.device.doctor import check_device, worst
 
     names = names or available_choices("device", user_config_dirs(list(config_dirs)))
     failed = False
@@ -342,7 +342,7 @@ def devices_check(names, config_dirs) -> None:
             with connect(device) as conn:
                 checks = check_device(conn, device, backend.get("binary_dir") if device["kind"] != "local" else None)
         except DeviceError as exc:
-            from .device.doctor import Check
+            from jbench.device.doctor import Check
 
             checks = [Check("reachable", "fail", str(exc))]
         failed |= worst(checks) == "fail"
@@ -356,9 +356,9 @@ def devices_check(names, config_dirs) -> None:
 @_config_dir_option
 def doctor(device_name: str, config_dirs) -> None:
     """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap."""
-    from .device.connection import DeviceError, connect
-    from .device.doctor import doctor as run_doctor
-    from .device.doctor import worst
+    from jbench.device.connection import DeviceError, connect
+    from jbench.device.doctor import doctor as run_doctor
+    from jbench.device.doctor import worst
 
     device, profile, _ = _device_config(device_name, config_dirs)
     try:
@@ -374,7 +374,7 @@ def doctor(device_name: str, config_dirs) -> None:
 def _results_tracker(results_dir: Optional[str]):
     import os
 
-    from .tracking import Tracker
+    from jbench.tracking.writer import Tracker
 
     return Tracker(None, results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results"))
 
@@ -385,14 +385,14 @@ _results_option = click.option("--results-dir", default=None,
 
 
 def _sample_loader(tracker):
-    from .tracking import repetition_samples
+    from jbench.tracking.writer import repetition_samples
 
     return lambda run_ids, metric: repetition_samples(tracker, list(run_ids), metric)
 
 
 def _selection(tracker, spec: str):
     """A sweep id, a run id, or TAG=VALUE -> the trial runs it names."""
-    from .tracking import runs_frame
+    from jbench.tracking.writer import runs_frame
 
     if "=" in spec:
         tag, _, value = spec.partition("=")
@@ -414,8 +414,8 @@ def _selection(tracker, spec: str):
 @_results_option
 def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
     """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings."""
-    from .report import build_report
-    from .tracking import runs_frame, telemetry_frame
+    from jbench.reporting.report import build_report
+    from jbench.tracking.writer import runs_frame, telemetry_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -451,7 +451,7 @@ def compare(a, b, as_json, results_dir) -> None:
     95 % confidence interval and a Mann-Whitney test on the repetition samples."""
     import json
 
-    from .analysis.compare import CompareError, compare as run_compare
+    from jbench.analysis.compare import CompareError, compare as run_compare
 
     tracker = _results_tracker(results_dir)
     df_a, df_b = _selection(tracker, a), _selection(tracker, b)
@@ -474,8 +474,8 @@ def compare(a, b, as_json, results_dir) -> None:
 def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     """Nightly regression gate: the newest sweep of each configuration against its baseline.
     Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise))."""
-    from .analysis.regress import RegressError, regress as run_regress
-    from .tracking import runs_frame
+    from jbench.analysis.regress import RegressError, regress as run_regress
+    from jbench.tracking.writer import runs_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -499,8 +499,8 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
 @_results_option
 def export(experiments, out_path, all_kinds, results_dir) -> None:
     """Runs as a table (Parquet or CSV): flattened params, metrics and tags, one row per run."""
-    from .report import export_frame
-    from .tracking import runs_frame
+    from jbench.reporting.report import export_frame
+    from jbench.tracking.writer import runs_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -524,8 +524,8 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
     """Bytes per decoded token and the bandwidth ceiling on tok/s for a model on a device."""
     import json
 
-    from .analysis.roofline import RooflineError
-    from .insight import roofline_figures
+    from jbench.analysis.roofline import RooflineError
+    from jbench.insight import roofline_figures
 
     try:
         fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
@@ -561,7 +561,7 @@ def telemetry_parse(source, fmt, rails) -> None:
     import csv
     import json
 
-    from .device.telemetry.tegrastats import parse_line, sample_to_dict
+    from jbench.device.telemetry.tegrastats import parse_line, sample_to_dict
 
     spec = rails.split(",") if rails else None
     rows, skipped = [], 0
@@ -605,9 +605,9 @@ def trace_analyze(path, bandwidth_gbs, profile, decode_tps, prefill_tps, n_decod
     (QKV or gate/up not fused, per-token prefill, parked GPU) from an engine log with GEMV lines."""
     import json
 
-    from .analysis.gemv_trace import TraceError
-    from .backends.engine import trace_analyze_command
-    from .config import user_config_dirs
+    from jbench.backends.engine.trace import TraceError
+    from jbench.backends.engine.backend import trace_analyze_command
+    from jbench.config import user_config_dirs
 
     try:
         text, data = trace_analyze_command(path, bandwidth_gbs, decode_tps, prefill_tps=prefill_tps,
@@ -624,8 +624,8 @@ def trace_analyze(path, bandwidth_gbs, profile, decode_tps, prefill_tps, n_decod
 @_config_dir_option
 def calibrate(device_name, size_mb, config_dirs) -> None:
     """Measure achievable memory bandwidth on DEVICE (numpy copy on the device's CPU) for the roofline."""
-    from .device.connection import DeviceError, connect
-    from .insight import measure_bandwidth, save_calibration
+    from jbench.device.connection import DeviceError, connect
+    from jbench.insight import measure_bandwidth, save_calibration
 
     device, profile, _ = _device_config(device_name, config_dirs)
     try:
@@ -646,7 +646,7 @@ def ui(port: int, results_dir: Optional[str]) -> None:
     import os
     import subprocess
 
-    from .tracking import resolve_uri
+    from jbench.tracking.writer import resolve_uri
 
     results = results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results")
     uri = resolve_uri(None, results)

@@ -220,7 +220,7 @@ def register_schemas() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="tracking", name="tracking_schema", node=TrackingConfig)
     cs.store(group="profile", name="profile_schema", node=ProfileConfig)
-    from .backends.base import backend_schemas
+    from jbench.backends.base import backend_schemas
 
     for name, schema in backend_schemas().items():
         cs.store(group="backend", name=f"{name}_schema", node=schema)
@@ -376,7 +376,7 @@ def _valid_keys_hint(dotted: str) -> str:
         "thermal": ThermalConfig,
     }.get(section)
     if section == "backend":
-        from .backends.base import backend_schemas
+        from jbench.backends.base import backend_schemas
 
         names = sorted({f.name for s in backend_schemas().values() for f in dataclasses.fields(s)})
         return f"Valid backend keys: {', '.join(names)}"

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import paths
-from .analysis.roofline import (
+from jbench import paths
+from jbench.analysis.roofline import (
     RooflineError,
     bytes_per_weight,
     decode_ceiling,
@@ -25,7 +25,7 @@ from .analysis.roofline import (
     regime_label,
     weight_bytes_per_token,
 )
-from .device.connection import Connection
+from jbench.device.connection import Connection
 
 # Constant program; the size comes in as an argument. Copies a buffer several times with numpy and
 # reports the best rate counting bytes read and written.
@@ -76,7 +76,7 @@ def device_bandwidth(device: dict, profile: Optional[dict]) -> tuple[Optional[fl
 
 def trial_roofline(config: dict, decode_tps: Optional[float]) -> tuple[dict[str, float], dict[str, str]]:
     """roofline_* metrics and tags for a trial whose model file is readable on this machine."""
-    from .models import ModelError, resolve_model_file
+    from jbench.models.store import ModelError, resolve_model_file
 
     try:
         path, _ = resolve_model_file(config["model"])
@@ -116,8 +116,8 @@ def roofline_figures(model: str, *, quant: Optional[str] = None, depth: int = 0,
     """What `jbench roofline` prints."""
     from omegaconf import OmegaConf
 
-    from .config import compose, load_profile, user_config_dirs
-    from .models import ModelError, resolve_model_file
+    from jbench.config import compose, load_profile, user_config_dirs
+    from jbench.models.store import ModelError, resolve_model_file
 
     dirs = user_config_dirs(config_dirs or [])
     if model.endswith(".gguf") or Path(model).is_file():

@@ -17,7 +17,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 @pytest.fixture(scope="session")
 def llama_build() -> dict:
-    from jbench.provision import active_build
+    from jbench.models.provision import active_build
 
     build = active_build()
     if build is None:
@@ -27,7 +27,7 @@ def llama_build() -> dict:
 
 @pytest.fixture(scope="session")
 def bundled_model() -> dict:
-    from jbench.models import load_manifest
+    from jbench.models.store import load_manifest
 
     files = load_manifest("gemma3_270m").get("files", {})
     for quant in ("Q4_K_M", "Q4_0", "Q8_0"):

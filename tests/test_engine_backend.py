@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jbench.analysis.gemv_trace import TraceError
+from jbench.backends.engine.trace import TraceError
 from jbench.backends.base import BackendError
-from jbench.backends.engine import (
+from jbench.backends.engine.backend import (
     EngineBackend,
     check_template,
     parse_engine_output,
@@ -351,7 +351,7 @@ def test_engine_repeating_itself_with_repetitions_placeholder(tmp_path):
 
 def test_custom_log_patterns():
     patterns = dict(prefill=r"PP (?P<tokens>\d+)t (?P<ms>[\d.]+)ms", decode=r"TG (?P<tokens>\d+)t (?P<ms>[\d.]+)ms")
-    from jbench.backends.engine import _patterns
+    from jbench.backends.engine.backend import _patterns
 
     run = parse_engine_output("1795000000.5 @@start\n1795000001.0 PP 16t 8.0ms\n1795000002.0 TG 4t 500ms\n",
                               _patterns({"patterns": patterns}))

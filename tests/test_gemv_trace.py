@@ -1,4 +1,4 @@
-"""GEMV trace and engine-log analysis (jbench.analysis.gemv_trace), and the stand-in engine fixture.
+"""GEMV trace and engine-log analysis (jbench.backends.engine.trace), and the stand-in engine fixture.
 
 Expected bytes are computed here by hand with M x K x type_size / block_size (Q4_K: 144 B per 256
 weights, Q6_K: 210 per 256, Q8_0: 34 per 32), never through the module under test.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jbench.analysis.gemv_trace import (
+from jbench.backends.engine.trace import (
     AnalysisOptions,
     Gemv,
     LogPatterns,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jbench.analysis.roofline import read_gguf, read_gguf_header, weight_bytes_per_token
-from jbench.gguf_meta import GGUFMetaError, header, kv_arch
+from jbench.models.gguf import GGUFMetaError, header, kv_arch
 
 
 def test_fast_header_matches_gguf_reader(bundled_model):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from jbench.backends import latency
+from jbench.backends.llamacpp import server as latency
 from jbench.backends.base import BackendError
-from jbench.backends.llamacpp import LlamaCppBackend
+from jbench.backends.llamacpp.backend import LlamaCppBackend
 from jbench.device.connection import LocalConnection, connect
 from jbench.sweeps.plan import plan
 from jbench.sweeps.runner import phase_metrics

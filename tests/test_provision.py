@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from jbench import provision
-from jbench.provision import SetupError, decide_cuda, llamacpp_commit_from_changelog
+from jbench.models import provision
+from jbench.models.provision import SetupError, decide_cuda, llamacpp_commit_from_changelog
 
 CHANGELOG = """# Changelog
 ## [Unreleased]
@@ -55,7 +55,7 @@ def test_setup_is_cached_and_reports_requantized_files(bundled_model, llama_buil
     assert res.returncode == 0, res.stderr
     assert "already built" in res.stdout and "SHA-256 verified" in res.stdout
     assert "deriving" not in res.stdout  # cached by (source hash, quant, build commit)
-    from jbench.models import load_manifest
+    from jbench.models.store import load_manifest
 
     files = load_manifest("gemma3_270m")["files"]
     assert {q: os.stat(e["path"]).st_mtime for q, e in files.items() if q in mtimes} == mtimes

@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 from jbench.analysis.roofline import bytes_per_weight, dominant_ggml_type
-from jbench.report import bits_per_weight, build_report, export_frame, pareto_frontier
-from jbench.tracking import Tracker, repetition_samples, runs_frame, telemetry_frame
+from jbench.reporting.report import bits_per_weight, build_report, export_frame, pareto_frontier
+from jbench.tracking.writer import Tracker, repetition_samples, runs_frame, telemetry_frame
 
 from .conftest import jbench_cli
 

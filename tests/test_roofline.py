@@ -267,7 +267,7 @@ def test_tiny_gguf_untied_and_tied(tmp_path):
 @pytest.fixture(scope="module")
 def bundled_gemma():
     """The bundled model's reader, or why it is missing (reported as a test failure, not a skip)."""
-    from jbench import models
+    from jbench.models import store as models
 
     entry = models.load_manifest("gemma3_270m").get("files", {}).get("Q4_K_M")
     path = Path(entry["path"]) if entry else None

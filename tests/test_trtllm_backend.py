@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from jbench.backends.base import BackendError
-from jbench.backends.trtllm import MANIFEST, TrtllmBackend, engine_cache_key
+from jbench.backends.trtllm.backend import MANIFEST, TrtllmBackend, engine_cache_key
 from jbench.device.connection import LocalConnection
 from jbench.sweeps.plan import plan
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jbench.backends.trtllm_parse import (
+from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     JetsonReferenceRow,
     TrtllmBenchReport,

@@ -49,7 +49,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import pandas as pd
 
-from .compare import (
+from jbench.analysis.compare import (
     CONFIG_HASH,
     SamplesArg,
     _fmt,

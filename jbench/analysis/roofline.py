@@ -330,7 +330,7 @@ class _Meta:
 
 
 class _HeaderMeta(_Meta):
-    """The same access over jbench.gguf_meta's fast header read (a plain dict)."""
+    """The same access over jbench.models.gguf's fast header read (a plain dict)."""
 
     def __init__(self, values: dict, path: str) -> None:
         self._values = values
@@ -385,9 +385,9 @@ def read_gguf(path: Union[str, os.PathLike, GGUFReader]) -> GGUFModel:
 
 
 def read_gguf_header(path: Union[str, os.PathLike]) -> GGUFModel:
-    """read_gguf() from a fast walk of the header (jbench.gguf_meta): the same model in well under
+    """read_gguf() from a fast walk of the header (jbench.models.gguf): the same model in well under
     a second where GGUFReader takes seconds on 100k+-token vocabularies. Used per trial."""
-    from ..gguf_meta import GGUFMetaError, header
+    from jbench.models.gguf import GGUFMetaError, header
 
     path_str = os.fspath(path)
     try:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
+from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import ClassVar, Optional
 
-from ..device.connection import Connection
-from ..trial import BackendResult, Trial
+from jbench.device.connection import Connection
+from jbench.trial import BackendResult, Trial
 
 
 class BackendError(Exception):
@@ -76,9 +76,9 @@ def size_problems(cfg: dict) -> list[str]:
 
 
 _BUILTIN = {
-    "llamacpp": "jbench.backends.llamacpp:LlamaCppBackend",
-    "engine": "jbench.backends.engine:EngineBackend",
-    "trtllm": "jbench.backends.trtllm:TrtllmBackend",
+    "llamacpp": "jbench.backends.llamacpp.backend:LlamaCppBackend",
+    "engine": "jbench.backends.engine.backend:EngineBackend",
+    "trtllm": "jbench.backends.trtllm.backend:TrtllmBackend",
 }
 
 

@@ -169,7 +169,7 @@ class LocalConnection(Connection):
 
 def _jump_connection(spec: str, device: dict) -> Connection:
     """device.jump 'user@host:port' -> an SSH connection to the jump host (same host-key rules)."""
-    from .ssh import SSHConnection
+    from jbench.device.ssh import SSHConnection
 
     user, _, hostport = spec.rpartition("@")
     host, _, port = hostport.partition(":")
@@ -185,7 +185,7 @@ def connect(device: dict) -> Connection:
     if kind == "local":
         return LocalConnection(device.get("name", "local"))
     if kind == "ssh":
-        from .ssh import SSHConnection
+        from jbench.device.ssh import SSHConnection
 
         if not device.get("host"):
             raise DeviceError(f"device '{device.get('name')}': kind ssh needs device.host")

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .connection import Connection, DeviceError
-from .fingerprint import parse_sections
-from .jetson import JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
-from .power import SUDOERS_HINT
+from jbench.device.connection import Connection, DeviceError
+from jbench.device.fingerprint import parse_sections
+from jbench.device.jetson import JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
+from jbench.device.power import SUDOERS_HINT
 
 
 @dataclass

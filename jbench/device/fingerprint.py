@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .connection import Connection
+from jbench.device.connection import Connection
 
 # One round trip: a constant script (no config value is pasted into it) printing marked sections.
 _PROBE = r"""

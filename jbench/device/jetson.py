@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .connection import Connection
-from .fingerprint import parse_sections
+from jbench.device.connection import Connection
+from jbench.device.fingerprint import parse_sections
 
 
 class JetsonError(Exception):

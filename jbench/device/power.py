@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .connection import Connection, DeviceError
-from .jetson import JetsonError, mentions_reboot, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
+from jbench.device.connection import Connection, DeviceError
+from jbench.device.jetson import JetsonError, mentions_reboot, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
 
 SUDOERS_HINT = (
     "add a sudoers entry on the device (sudo visudo -f /etc/sudoers.d/jbench):\n"

@@ -25,7 +25,7 @@ from typing import Iterator, Optional, Sequence
 
 import paramiko
 
-from .connection import CommandResult, CommandTimeout, Connection, DeviceError
+from jbench.device.connection import CommandResult, CommandTimeout, Connection, DeviceError
 
 # Grace the device's `timeout` gives a command after TERM before KILL, and our own extra wait.
 _KILL_AFTER_S = 5

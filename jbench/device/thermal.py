@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Optional
 
-from .connection import Connection
+from jbench.device.connection import Connection
 
 # Constant script; thermal zones report milli-degrees C; offline sensors (-256 C and the like) are ignored.
 _READ = 'for z in /sys/devices/virtual/thermal/thermal_zone*/temp; do [ -r "$z" ] && cat "$z"; done 2>/dev/null'

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..analysis.telemetry import EnergySettings, Finding, PhaseWindow, energy_metrics, findings, mlflow_series
-from ..backends.base import Backend
-from ..device.connection import Connection
-from ..device.telemetry.samplers import NoSampler, Sampler, make_sampler
-from ..trial import BackendResult, Trial
+from jbench.analysis.telemetry import EnergySettings, Finding, PhaseWindow, energy_metrics, findings, mlflow_series
+from jbench.backends.base import Backend
+from jbench.device.connection import Connection
+from jbench.device.telemetry.samplers import NoSampler, Sampler, make_sampler
+from jbench.trial import BackendResult, Trial
 
 # An energy pass never runs more repetitions than this, however short one repetition is.
 MAX_ENERGY_REPETITIONS = 100_000

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..config import ConfigError, compose, explain_compose_error, load_profile
-from ..trial import Trial, config_hash
+from jbench.config import ConfigError, compose, explain_compose_error, load_profile
+from jbench.trial import Trial, config_hash
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
 
@@ -178,7 +178,7 @@ def _model_meta(path: str) -> Optional[dict]:
 
 @lru_cache(maxsize=256)
 def _model_meta_cached(path: str, mtime_ns: int, size: int) -> Optional[dict]:
-    from ..gguf_meta import GGUFMetaError, kv_arch
+    from jbench.models.gguf import GGUFMetaError, kv_arch
 
     try:
         return {**kv_arch(path), "file_size": size}
@@ -187,7 +187,7 @@ def _model_meta_cached(path: str, mtime_ns: int, size: int) -> Optional[dict]:
 
 
 def _kv_bytes_per_token(meta: dict, type_k: str, type_v: str) -> Optional[float]:
-    from ..analysis.roofline import bytes_per_weight
+    from jbench.analysis.roofline import bytes_per_weight
 
     try:
         k, v = bytes_per_weight(type_k.upper()), bytes_per_weight(type_v.upper())
@@ -209,7 +209,7 @@ def _local_ram_bytes() -> Optional[int]:
 
 def memory_check(config: dict) -> Optional[str]:
     """Model file + KV cache at the trial's context + reserve vs the device's RAM."""
-    from ..models import ModelError, resolve_model_file
+    from jbench.models.store import ModelError, resolve_model_file
 
     try:
         path, _ = resolve_model_file(config["model"])
@@ -232,7 +232,7 @@ def memory_check(config: dict) -> Optional[str]:
         return None
     if not ram:
         return None
-    from ..analysis.roofline import memory_fit
+    from jbench.analysis.roofline import memory_fit
 
     fit = memory_fit(meta["file_size"], kv, context, ram, config["sweep_reserve_bytes"])
     if fit.fits:
@@ -264,7 +264,7 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
     """Expand, validate and order. Raises ConfigError for problems of the config as a whole."""
     from omegaconf import OmegaConf
 
-    from ..backends.base import backend_class
+    from jbench.backends.base import backend_class
 
     plain, cli_dims, pinned = _parse_overrides(overrides)
     first_cfg, first_choices = compose(plain, config_dirs)
@@ -345,7 +345,7 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         if reason is None and sweep_cfg.get("drop_beyond_context") and use_grid:
             limit = config["model"].get("context_length")
             if limit is None:
-                from ..models import ModelError, resolve_model_file
+                from jbench.models.store import ModelError, resolve_model_file
 
                 try:
                     meta = _model_meta(resolve_model_file(config["model"])[0])

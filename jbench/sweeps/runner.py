@@ -17,20 +17,20 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from .. import __version__, git_sha
-from ..analysis.stats import describe
-from ..backends.base import Backend, BackendError, backend_class
-from ..device.connection import Connection, DeviceError, connect
-from ..device.ssh import ConnectionLost
-from ..device.fingerprint import host_fingerprint
-from ..device.jetson import jetson_fingerprint
-from ..device.thermal import thermal_gate
-from ..device.power import PowerStateError, PowerStrategy
-from ..models import resolve_model_file
-from ..trial import BackendResult, Trial, flatten
-from ..insight import trial_roofline
-from .measure import measure
-from .plan import Plan
+from jbench import __version__, git_sha
+from jbench.analysis.stats import describe
+from jbench.backends.base import Backend, BackendError, backend_class
+from jbench.device.connection import Connection, DeviceError, connect
+from jbench.device.ssh import ConnectionLost
+from jbench.device.fingerprint import host_fingerprint
+from jbench.device.jetson import jetson_fingerprint
+from jbench.device.thermal import thermal_gate
+from jbench.device.power import PowerStateError, PowerStrategy
+from jbench.models.store import resolve_model_file
+from jbench.trial import BackendResult, Trial, flatten
+from jbench.insight import trial_roofline
+from jbench.sweeps.measure import measure
+from jbench.sweeps.plan import Plan
 
 log = logging.getLogger("jbench")
 

@@ -23,8 +23,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Optional
 
-from ..connection import Connection, LocalConnection
-from .tegrastats import parse_line, total_input_power_mw
+from jbench.device.connection import Connection, LocalConnection
+from jbench.device.telemetry.tegrastats import parse_line, total_input_power_mw
 
 log = logging.getLogger("jbench.telemetry")
 

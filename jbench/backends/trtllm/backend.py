@@ -41,11 +41,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from ..device.connection import CommandResult, CommandTimeout, Connection
-from ..models import ModelError, resolve_model_file
-from ..trial import BackendResult, PhaseResult, Trial
-from .base import Backend, BackendError, Capabilities
-from .trtllm_parse import (
+from jbench.device.connection import CommandResult, CommandTimeout, Connection
+from jbench.models.store import ModelError, resolve_model_file
+from jbench.trial import BackendResult, PhaseResult, Trial
+from jbench.backends.base import Backend, BackendError, Capabilities
+from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
     TrtllmParseError,

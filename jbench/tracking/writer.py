@@ -445,7 +445,7 @@ def repetition_samples(uri_or_tracker: Any, run_ids: Iterable[str], metric: str 
 
 
 def telemetry_frame(uri_or_tracker: Any, run_ids: Iterable[str], *, limit: Optional[int] = 12):
-    """Telemetry of runs as one DataFrame for jbench.report.build_report: the runner's artifacts
+    """Telemetry of runs as one DataFrame for jbench.reporting.report.build_report: the runner's artifacts
     telemetry/samples.csv (columns t, power_w, gpu_freq_mhz, temp_max_c, ...) with a run_id column,
     and telemetry/windows.json as frame.attrs["phases"] = [{run_id, phase, t0, t1}].
 

@@ -43,8 +43,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .analysis.compare import TPJ_RE, SamplesArg, normalize_samples
-from .analysis.roofline import RooflineError, bytes_per_weight, dominant_ggml_type
+from jbench.analysis.compare import TPJ_RE, SamplesArg, normalize_samples
+from jbench.analysis.roofline import RooflineError, bytes_per_weight, dominant_ggml_type
 
 __all__ = ["ReportFiles", "build_report", "export_frame", "bits_per_weight", "pareto_frontier"]
 
@@ -627,7 +627,7 @@ def build_report(
     optional run_id (one timeline per run) and phase (a label per sample; contiguous samples with the
     same label form a shaded window); windows may also come as telemetry.attrs["phases"] =
     [{"run_id": ..., "phase": ..., "t0"/"start": ..., "t1"/"end": ...}], which is what
-    `jbench.tracking.telemetry_frame` returns from the runs' telemetry artifacts.
+    `jbench.tracking.writer.telemetry_frame` returns from the runs' telemetry artifacts.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..analysis.gemv_trace import LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, parse_trace
-from ..device.connection import CommandResult, CommandTimeout, Connection
-from ..device.telemetry.samplers import split_stamp, stamped
-from ..models import ModelError, resolve_model_file
-from ..trial import BackendResult, PhaseResult, Trial
-from .base import Backend, BackendError, Capabilities, size_problems
+from jbench.backends.engine.trace import LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, parse_trace
+from jbench.device.connection import CommandResult, CommandTimeout, Connection
+from jbench.device.telemetry.samplers import split_stamp, stamped
+from jbench.models.store import ModelError, resolve_model_file
+from jbench.trial import BackendResult, PhaseResult, Trial
+from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -655,7 +655,7 @@ def trace_analyze_command(path: str, bandwidth_gbs: Optional[float] = None, deco
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     source = None
     if bandwidth_gbs is None and profile:
-        from ..config import ConfigError, load_profile
+        from jbench.config import ConfigError, load_profile
 
         try:
             prof = load_profile(profile, config_dirs)

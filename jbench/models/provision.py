@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import paths
-from .models import load_manifest, save_manifest, sha256_file, store_dir
+from jbench import paths
+from jbench.models.store import load_manifest, save_manifest, sha256_file, store_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_PYTHON_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"

@@ -45,9 +45,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from ..device.connection import CommandTimeout, Connection, DeviceError, LocalConnection
-from ..trial import PhaseResult
-from .base import BackendError
+from jbench.device.connection import CommandTimeout, Connection, DeviceError, LocalConnection
+from jbench.trial import PhaseResult
+from jbench.backends.base import BackendError
 
 # Constant device-side snippets; values only ever travel as separate argv items.
 FREE_PORT_SNIPPET = (

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from ..device.connection import CommandTimeout, Connection
-from ..device.telemetry.samplers import stamped
-from ..models import ModelError, check_quant, resolve_model_file
-from ..trial import BackendResult, PhaseResult, Trial
-from . import latency
-from .base import Backend, BackendError, Capabilities, size_problems
+from jbench.device.connection import CommandTimeout, Connection
+from jbench.device.telemetry.samplers import stamped
+from jbench.models.store import ModelError, check_quant, resolve_model_file
+from jbench.trial import BackendResult, PhaseResult, Trial
+from jbench.backends.llamacpp import server as latency
+from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -209,7 +209,7 @@ class LlamaCppConfig:
 
 def default_binary_dir() -> Optional[str]:
     """bin/ of the build `jbench setup` made last, if any."""
-    from ..provision import active_build
+    from jbench.models.provision import active_build
 
     build = active_build()
     return build["bin_dir"] if build else None
@@ -394,7 +394,7 @@ class LlamaCppBackend(Backend):
 
     def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
                      only_phase: Optional[str] = None) -> BackendResult:
-        """The latency scenario: llama-server on the device, streaming requests (jbench.backends.latency)."""
+        """The latency scenario: llama-server on the device, streaming requests (jbench.backends.llamacpp.server)."""
         cfg = trial.section("backend")
         if only_phase:
             # Latency phases carry no device-clock windows, so the energy pass never asks; if it does,
