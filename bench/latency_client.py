@@ -38,7 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jbench.backends.llamacpp.server import StreamingClient, TunnelForwarder  # noqa: E402
+from jbench.backends.llamacpp.client import StreamingClient  # noqa: E402
+from jbench.device.tunnel import TunnelForwarder  # noqa: E402
 
 
 def sse_chunks(n_tokens: int) -> list[bytes]:
@@ -174,7 +175,7 @@ def main() -> None:
         assert len(times) == n and final["usage"]["completion_tokens"] == n
     tunnel_s: list[float] = []
     if args.ssh:
-        from jbench.device.connection import connect
+        from jbench.device.connect import connect
         from tests.emulated_jetson import EmulatedJetson
 
         with EmulatedJetson.start("orin_nano") as emu, connect(emu.device_config(name="bench")) as conn:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jbench.analysis.energy import window_energy  # noqa: E402
 from jbench.analysis.telemetry import counter_energy  # noqa: E402
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from jbench.device.connection import LocalConnection  # noqa: E402
+from jbench.device.local import LocalConnection  # noqa: E402
 from jbench.sweeps.measure import measure  # noqa: E402
 from jbench.trial import Trial  # noqa: E402
 

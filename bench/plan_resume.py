@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jbench.sweeps.plan import plan  # noqa: E402
-from jbench.tracking.writer import Tracker  # noqa: E402
+from jbench.tracking.writer import Tracker  # noqa
+from jbench.tracking.reader import finished_trials  # noqa: E402
 
 STORE = Path("/tmp/jbench-bench-10k")
 
@@ -40,7 +41,7 @@ def main() -> None:
     lookups = []
     for _ in range(3):
         t = time.perf_counter()
-        found = tracker.finished_trials("nightly")
+        found = finished_trials(tracker, "nightly")
         lookups.append(time.perf_counter() - t)
     figures = {
         "plan_10000_trials_s": [round(x, 3) for x in times],

@@ -42,7 +42,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from jbench.analysis.regress import regress  # noqa: E402
 from jbench.reporting.report import bits_per_weight, build_report  # noqa: E402
-from jbench.tracking.writer import repetition_samples, runs_frame  # noqa: E402
+from jbench.tracking.reader import repetition_samples, runs_frame  # noqa: E402
 
 QUANTS = ["Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16"]
 DEPTHS = [0, 1024, 4096, 16384]

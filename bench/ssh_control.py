@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jbench.device.connection import connect  # noqa: E402
+from jbench.device.connect import connect  # noqa: E402
 from jbench.device.power import PowerStrategy  # noqa: E402
 from tests.emulated_jetson import EmulatedJetson  # noqa: E402
 

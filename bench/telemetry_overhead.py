@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jbench.backends.llamacpp.backend import parse_output  # noqa: E402
-from jbench.device.connection import LocalConnection  # noqa: E402
+from jbench.device.local import LocalConnection  # noqa: E402
 from jbench.device.telemetry.samplers import SYSFS_READER, TegrastatsSampler, stamped  # noqa: E402
 from jbench.models.store import load_manifest  # noqa: E402
 from jbench.models.provision import active_build  # noqa: E402

@@ -110,14 +110,14 @@ def _sigterm_as_interrupt() -> None:
 
 def _history(plan_) -> dict:
     """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
-    from jbench.tracking.writer import Tracker, resolve_uri
+    from jbench.tracking.common import resolve_uri
+    from jbench.tracking.reader import finished_trials
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
     if uri.startswith("sqlite:") and not Path(uri[len("sqlite:///"):]).exists():
         return {}
     try:
-        tracker = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
-        return tracker.finished_trials(plan_.tracking.get("experiment_name") or plan_.experiment)
+        return finished_trials(uri, plan_.tracking.get("experiment_name") or plan_.experiment)
     except Exception as exc:  # an unreachable tracking server must not stop a dry run
         err_console.print(f"[yellow]no duration estimate: {exc}[/]")
         return {}
@@ -331,7 +331,8 @@ def devices_list(config_dirs) -> None:
 def devices_check(names, config_dirs) -> None:
     """Check reachability, sudo rights and tools of NAMES (default: every device)."""
     from jbench.config import available_choices, user_config_dirs
-    from jbench.device.connection import DeviceError, connect
+    from jbench.device.connection import DeviceError
+    from jbench.device.connect import connect
     from jbench.device.doctor import check_device, worst
 
     names = names or available_choices("device", user_config_dirs(list(config_dirs)))
@@ -356,7 +357,8 @@ def devices_check(names, config_dirs) -> None:
 @_config_dir_option
 def doctor(device_name: str, config_dirs) -> None:
     """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap."""
-    from jbench.device.connection import DeviceError, connect
+    from jbench.device.connection import DeviceError
+    from jbench.device.connect import connect
     from jbench.device.doctor import doctor as run_doctor
     from jbench.device.doctor import worst
 
@@ -385,14 +387,14 @@ _results_option = click.option("--results-dir", default=None,
 
 
 def _sample_loader(tracker):
-    from jbench.tracking.writer import repetition_samples
+    from jbench.tracking.reader import repetition_samples
 
     return lambda run_ids, metric: repetition_samples(tracker, list(run_ids), metric)
 
 
 def _selection(tracker, spec: str):
     """A sweep id, a run id, or TAG=VALUE -> the trial runs it names."""
-    from jbench.tracking.writer import runs_frame
+    from jbench.tracking.reader import runs_frame
 
     if "=" in spec:
         tag, _, value = spec.partition("=")
@@ -415,7 +417,7 @@ def _selection(tracker, spec: str):
 def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
     """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings."""
     from jbench.reporting.report import build_report
-    from jbench.tracking.writer import runs_frame, telemetry_frame
+    from jbench.tracking.reader import runs_frame, telemetry_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -475,7 +477,7 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     """Nightly regression gate: the newest sweep of each configuration against its baseline.
     Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise))."""
     from jbench.analysis.regress import RegressError, regress as run_regress
-    from jbench.tracking.writer import runs_frame
+    from jbench.tracking.reader import runs_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -500,7 +502,7 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
 def export(experiments, out_path, all_kinds, results_dir) -> None:
     """Runs as a table (Parquet or CSV): flattened params, metrics and tags, one row per run."""
     from jbench.reporting.report import export_frame
-    from jbench.tracking.writer import runs_frame
+    from jbench.tracking.reader import runs_frame
 
     tracker = _results_tracker(results_dir)
     try:
@@ -624,7 +626,8 @@ def trace_analyze(path, bandwidth_gbs, profile, decode_tps, prefill_tps, n_decod
 @_config_dir_option
 def calibrate(device_name, size_mb, config_dirs) -> None:
     """Measure achievable memory bandwidth on DEVICE (numpy copy on the device's CPU) for the roofline."""
-    from jbench.device.connection import DeviceError, connect
+    from jbench.device.connection import DeviceError
+    from jbench.device.connect import connect
     from jbench.insight import measure_bandwidth, save_calibration
 
     device, profile, _ = _device_config(device_name, config_dirs)
@@ -646,7 +649,7 @@ def ui(port: int, results_dir: Optional[str]) -> None:
     import os
     import subprocess
 
-    from jbench.tracking.writer import resolve_uri
+    from jbench.tracking.common import resolve_uri
 
     results = results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results")
     uri = resolve_uri(None, results)

@@ -23,7 +23,7 @@ import pytest
 
 from jbench.backends.base import Backend, BackendError, Capabilities, _targets, backend_class
 from jbench.config import ConfigError, compose
-from jbench.device.connection import LocalConnection
+from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
 from jbench.trial import BackendResult, PhaseResult
 

@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from jbench.device.connection import CommandTimeout, LocalConnection, connect, DeviceError
+from jbench.device.connection import CommandTimeout, DeviceError
+
+from jbench.device.local import LocalConnection
+
+from jbench.device.connect import connect
 from jbench.device.fingerprint import host_fingerprint, parse_host_fingerprint
 
 

@@ -26,7 +26,7 @@ from jbench.backends.engine.backend import (
     template_fields,
     trace_analyze_command,
 )
-from jbench.device.connection import LocalConnection
+from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
 
 from .conftest import jbench_cli

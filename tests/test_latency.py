@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from jbench.backends.llamacpp import server as latency
+from jbench.backends.llamacpp import client, server
 from jbench.backends.base import BackendError
 from jbench.backends.llamacpp.backend import LlamaCppBackend
-from jbench.device.connection import LocalConnection, connect
+from jbench.device.local import LocalConnection
+from jbench.device.connect import connect
 from jbench.sweeps.plan import plan
 from jbench.sweeps.runner import phase_metrics
 from jbench.trial import BackendResult, config_hash
@@ -109,31 +110,31 @@ def records(result: BackendResult, kind: str = "measured") -> list[dict]:
 
 def test_percentile_is_linear_interpolation_between_ranks():
     xs = [10.0, 20.0, 30.0, 40.0]
-    assert latency.percentile(xs, 50) == pytest.approx(25.0)
-    assert latency.percentile(xs, 90) == pytest.approx(37.0)  # rank 2.7
-    assert latency.percentile(xs, 99) == pytest.approx(39.7)
-    assert latency.percentile([5.0], 99) == 5.0
-    assert math.isnan(latency.percentile([], 50))
-    assert latency.percentile([3.0, 1.0, 2.0], 0) == 1.0 and latency.percentile([3.0, 1.0, 2.0], 100) == 3.0
+    assert client.percentile(xs, 50) == pytest.approx(25.0)
+    assert client.percentile(xs, 90) == pytest.approx(37.0)  # rank 2.7
+    assert client.percentile(xs, 99) == pytest.approx(39.7)
+    assert client.percentile([5.0], 99) == 5.0
+    assert math.isnan(client.percentile([], 50))
+    assert client.percentile([3.0, 1.0, 2.0], 0) == 1.0 and client.percentile([3.0, 1.0, 2.0], 100) == 3.0
 
 
 def test_prompt_has_exactly_n_tokens_and_differs_per_request():
     prefix, body = [2], [10, 11, 12, 13, 14]
     for n in (1, 2, 5, 17):
-        assert len(latency.build_prompt(prefix, body, n, variant=0)) == n
-    a, b = latency.build_prompt(prefix, body, 8, 0), latency.build_prompt(prefix, body, 8, 1)
+        assert len(client.build_prompt(prefix, body, n, variant=0)) == n
+    a, b = client.build_prompt(prefix, body, 8, 0), client.build_prompt(prefix, body, 8, 1)
     assert a[0] == b[0] == 2 and a != b
     assert a == [2, 10, 11, 12, 13, 14, 10, 11]
 
 
 def test_default_context_covers_every_slot():
-    assert latency.default_context(8, 4, 0, 1) == 256
-    assert latency.default_context(255, 1, 0, 1) == 512  # + 1 spare position
-    assert latency.default_context(300, 100, 0, 2) == 1024
+    assert server.default_context(8, 4, 0, 1) == 256
+    assert server.default_context(255, 1, 0, 1) == 512  # + 1 spare position
+    assert server.default_context(300, 100, 0, 2) == 1024
 
 
 def _record(i, ttft, e2e, n, worker=0, timings=None):
-    return latency.RequestRecord(index=i, worker=worker, sent_at=float(i), ttft_s=ttft, e2e_s=e2e,
+    return client.RequestRecord(index=i, worker=worker, sent_at=float(i), ttft_s=ttft, e2e_s=e2e,
                                  token_times_s=[ttft], output_tokens=n, tokens_source="usage",
                                  streamed_token_chunks=n, server_timings=timings or {})
 
@@ -141,7 +142,7 @@ def _record(i, ttft, e2e, n, worker=0, timings=None):
 def test_metrics_and_phase_mapping_follow_the_definitions():
     recs = [_record(0, 0.1, 0.5, 5, timings={"prompt_per_second": 80.0, "predicted_per_second": 10.0}),
             _record(1, 0.2, 1.0, 5, timings={"prompt_per_second": 40.0, "predicted_per_second": 5.0})]
-    m = latency.latency_metrics(recs, concurrency=1, wall_s=2.0)
+    m = client.latency_metrics(recs, concurrency=1, wall_s=2.0)
     assert m["ttft_ms_mean"] == pytest.approx(150.0)
     assert m["itl_ms_p50"] == pytest.approx((100.0 + 200.0) / 2)  # (500-100)/4 = 100, (1000-200)/4 = 200
     assert m["e2e_ms_p99"] == pytest.approx(500 + 0.99 * 500)
@@ -149,7 +150,7 @@ def test_metrics_and_phase_mapping_follow_the_definitions():
     assert m["latency_requests"] == 2 and m["latency_concurrency"] == 1
     assert m["latency_throughput_tps"] == pytest.approx(10 / 2.0)
     assert m["server_prefill_tps"] == pytest.approx(60.0) and m["server_decode_tps"] == pytest.approx(7.5)
-    phases = latency.latency_phases(recs, n_prompt=8)
+    phases = client.latency_phases(recs, n_prompt=8)
     pm, _ = phase_metrics(BackendResult(phases=phases, raw_output=""))
     assert pm["prefill_tps"] == pytest.approx((8 / 0.1 + 8 / 0.2) / 2)
     assert pm["decode_tps"] == pytest.approx((1000 / 100.0 + 1000 / 200.0) / 2)
@@ -158,7 +159,7 @@ def test_metrics_and_phase_mapping_follow_the_definitions():
 
 
 def test_no_server_metric_without_server_timings():
-    m = latency.latency_metrics([_record(0, 0.1, 0.5, 5)], concurrency=1)
+    m = client.latency_metrics([_record(0, 0.1, 0.5, 5)], concurrency=1)
     assert "server_prefill_tps" not in m and "server_decode_tps" not in m
 
 
@@ -180,17 +181,17 @@ def test_stream_reader_counts_token_chunks_and_keeps_the_final_usage():
     stream = (": ping\n\n" + _chunk(" a") + _chunk("") + _chunk(" b") +
               _chunk("", "length", usage={"completion_tokens": 3, "prompt_tokens": 8}, timings={"predicted_n": 3})
               + "data: [DONE]\n\n")
-    token_times, final, end = latency.StreamingClient.read_stream(_FakeResponse(stream), clock=lambda: next(ticks))
+    token_times, final, end = client.StreamingClient.read_stream(_FakeResponse(stream), clock=lambda: next(ticks))
     assert len(token_times) == 3  # an empty-text token chunk counts, the final bookkeeping chunk does not
     assert final["usage"]["completion_tokens"] == 3
     assert end > token_times[-1]
 
 
 def test_stream_reader_rejects_errors_and_garbage():
-    with pytest.raises(latency.RequestError, match="server error"):
-        latency.StreamingClient.read_stream(_FakeResponse('data: {"error": {"message": "boom"}}\n\n'))
-    with pytest.raises(latency.RequestError, match="unparseable"):
-        latency.StreamingClient.read_stream(_FakeResponse("data: {not json\n\n"))
+    with pytest.raises(client.RequestError, match="server error"):
+        client.StreamingClient.read_stream(_FakeResponse('data: {"error": {"message": "boom"}}\n\n'))
+    with pytest.raises(client.RequestError, match="unparseable"):
+        client.StreamingClient.read_stream(_FakeResponse("data: {not json\n\n"))
 
 
 def test_validation():
@@ -254,7 +255,7 @@ def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
     for name in ("ttft_ms", "itl_ms", "e2e_ms", "output_tps"):
         values = [r[name] for r in rows]
         for q in (50, 90, 99):
-            assert m[f"{name}_p{q}"] == pytest.approx(latency.percentile(values, q))
+            assert m[f"{name}_p{q}"] == pytest.approx(client.percentile(values, q))
         assert m[f"{name}_mean"] == pytest.approx(sum(values) / len(values))
         assert m[f"{name}_p50"] <= m[f"{name}_p90"] <= m[f"{name}_p99"]
     assert m["e2e_ms_p50"] >= m["ttft_ms_p50"]
@@ -284,7 +285,7 @@ def test_concurrency_two_keeps_two_requests_in_flight(llama_build, bundled_model
 
 @pytest.mark.parametrize("exc_type", [RuntimeError, KeyboardInterrupt])
 def test_server_is_stopped_when_the_client_raises_mid_run(llama_build, bundled_model, monkeypatch, exc_type):
-    real_complete = latency.StreamingClient.complete
+    real_complete = client.StreamingClient.complete
     calls = []
 
     def failing(self, *args, **kwargs):
@@ -293,7 +294,7 @@ def test_server_is_stopped_when_the_client_raises_mid_run(llama_build, bundled_m
             raise exc_type("client failure in the middle of the run")
         return real_complete(self, *args, **kwargs)
 
-    monkeypatch.setattr(latency.StreamingClient, "complete", failing)
+    monkeypatch.setattr(client.StreamingClient, "complete", failing)
     trial = make_trial("backend.latency_requests=3")
     log, lines = trial_logger(f"raise-{exc_type.__name__}")
     with pytest.raises(exc_type, match="client failure"):
@@ -310,7 +311,7 @@ def test_server_is_stopped_on_ctrl_c_in_the_main_thread(llama_build, bundled_mod
     requests run in worker threads."""
     import _thread
 
-    real_complete = latency.StreamingClient.complete
+    real_complete = client.StreamingClient.complete
     calls = []
 
     def interrupting(self, *args, **kwargs):
@@ -319,7 +320,7 @@ def test_server_is_stopped_on_ctrl_c_in_the_main_thread(llama_build, bundled_mod
             _thread.interrupt_main()
         return real_complete(self, *args, **kwargs)
 
-    monkeypatch.setattr(latency.StreamingClient, "complete", interrupting)
+    monkeypatch.setattr(client.StreamingClient, "complete", interrupting)
     trial = make_trial("backend.latency_requests=4")
     log, lines = trial_logger("ctrl-c")
     with pytest.raises(KeyboardInterrupt):

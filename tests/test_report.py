@@ -21,7 +21,8 @@ from PIL import Image
 
 from jbench.analysis.roofline import bytes_per_weight, dominant_ggml_type
 from jbench.reporting.report import bits_per_weight, build_report, export_frame, pareto_frontier
-from jbench.tracking.writer import Tracker, repetition_samples, runs_frame, telemetry_frame
+from jbench.tracking.writer import Tracker
+from jbench.tracking.reader import repetition_samples, runs_frame, telemetry_frame
 
 from .conftest import jbench_cli
 

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from jbench.device.connection import DeviceError, connect
+from jbench.device.connection import DeviceError
+
+from jbench.device.connect import connect
 from jbench.device.doctor import doctor
 from jbench.device.jetson import jetson_fingerprint, parse_clocks_show
 from jbench.device.power import PowerStateError, PowerStrategy

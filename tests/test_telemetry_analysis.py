@@ -7,7 +7,7 @@ import time
 import pytest
 
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, counter_energy, energy_metrics, findings
-from jbench.device.connection import LocalConnection
+from jbench.device.local import LocalConnection
 from jbench.device.telemetry.samplers import SysfsSampler, split_stamp, tegrastats_sample
 
 from .conftest import SHARED

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from jbench.backends.base import BackendError
 from jbench.backends.trtllm.backend import MANIFEST, TrtllmBackend, engine_cache_key
-from jbench.device.connection import LocalConnection
+from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
 
 from .conftest import jbench_cli

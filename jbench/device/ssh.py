@@ -25,7 +25,8 @@ from typing import Iterator, Optional, Sequence
 
 import paramiko
 
-from jbench.device.connection import CommandResult, CommandTimeout, Connection, DeviceError
+from jbench.device.connection import CommandResult, CommandTimeout, Connection, ConnectionLost, DeviceError
+from jbench.device.tunnel import TunnelForwarder
 
 # Grace the device's `timeout` gives a command after TERM before KILL, and our own extra wait.
 _KILL_AFTER_S = 5
@@ -34,10 +35,6 @@ _LOCAL_GRACE_S = 15
 
 class HostKeyError(DeviceError):
     pass
-
-
-class ConnectionLost(DeviceError):
-    """The SSH connection dropped while a command ran (device rebooted, crashed, network)."""
 
 
 def key_fingerprint(key: paramiko.PKey) -> str:
@@ -155,6 +152,9 @@ class SSHConnection(Connection):
                     self._client.close()
                 self._client = self._connect()
             return self._client.get_transport()
+
+    def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> TunnelForwarder:
+        return TunnelForwarder(self.transport(), remote_port, remote_host)
 
     def open(self) -> "SSHConnection":
         self.transport()

@@ -627,7 +627,7 @@ def build_report(
     optional run_id (one timeline per run) and phase (a label per sample; contiguous samples with the
     same label form a shaded window); windows may also come as telemetry.attrs["phases"] =
     [{"run_id": ..., "phase": ..., "t0"/"start": ..., "t1"/"end": ...}], which is what
-    `jbench.tracking.writer.telemetry_frame` returns from the runs' telemetry artifacts.
+    `jbench.tracking.reader.telemetry_frame` returns from the runs' telemetry artifacts.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ import yaml
 from jbench import __version__, git_sha
 from jbench.analysis.stats import describe
 from jbench.backends.base import Backend, BackendError, backend_class
-from jbench.device.connection import Connection, DeviceError, connect
-from jbench.device.ssh import ConnectionLost
+from jbench.device.connection import Connection, DeviceError
+from jbench.device.connect import connect
+from jbench.device.connection import ConnectionLost
 from jbench.device.fingerprint import host_fingerprint
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
@@ -29,6 +30,7 @@ from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.models.store import resolve_model_file
 from jbench.trial import BackendResult, Trial, flatten
 from jbench.insight import trial_roofline
+from jbench.tracking.reader import finished_trials
 from jbench.sweeps.measure import measure
 from jbench.sweeps.plan import Plan
 
@@ -229,7 +231,7 @@ def _run_trials(plan, backends, connections, fingerprints, strategies, tracker, 
     outcomes: list[TrialOutcome] = []
     current: Optional[TrialOutcome] = None
     sweep = plan.sweep or {}
-    done = {} if sweep.get("rerun") else tracker.finished_trials(exp_name)
+    done = {} if sweep.get("rerun") else finished_trials(tracker, exp_name)
     oom: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
     try:
         for trial in plan.trials:

@@ -1,4 +1,4 @@
-"""llama.cpp through llama-bench (scenario "bench") or llama-server (scenario "latency", see latency.py).
+"""llama.cpp through llama-bench (scenario "bench") or llama-server (scenario "latency", see server.py and client.py).
 
 One llama-bench invocation per trial runs a prompt-processing test (-p, no generation) and a
 generation test (-n, no prompt) as separate tests, each with warmup and -r repetitions, and
@@ -21,7 +21,7 @@ from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.llamacpp import server as latency
+from jbench.backends.llamacpp import client, server
 from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
@@ -312,8 +312,8 @@ class LlamaCppBackend(Backend):
         """llama-server's argument list for the latency scenario."""
         cfg = trial.section("backend")
         slots = max(1, cfg.get("latency_concurrency", 1))
-        context = cfg.get("context") or latency.default_context(cfg["n_prompt"], cfg["n_gen"], cfg["depth"], slots)
-        return latency.server_argv(
+        context = cfg.get("context") or server.default_context(cfg["n_prompt"], cfg["n_gen"], cfg["depth"], slots)
+        return server.server_argv(
             os.path.join(self.binary_dir(), "llama-server"), model_path, port=port, context=context, parallel=slots,
             n_gpu_layers=cfg["n_gpu_layers"], cache_type_k=cfg["cache_type_k"], cache_type_v=cfg["cache_type_v"],
             flash_attn=SERVER_FLASH_ATTN[cfg["flash_attn"]], threads=cfg["threads"], n_batch=cfg["n_batch"],
@@ -401,20 +401,20 @@ class LlamaCppBackend(Backend):
             # the whole scenario runs (a request always has both phases).
             log.info("latency scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
         concurrency = max(1, cfg.get("latency_concurrency", 1))
-        run = latency.run_latency_scenario(
+        run = server.run_latency_scenario(
             conn, lambda port: self.server_command(trial, model_path, port),
             n_prompt=cfg["n_prompt"], n_gen=cfg["n_gen"], requests=cfg.get("latency_requests", 8),
             concurrency=concurrency, warmup_requests=cfg.get("latency_warmup_requests", 1),
             ready_timeout_s=cfg.get("server_ready_timeout_s", 120.0), timeout_s=cfg["timeout_s"], log=log,
         )
-        extra = latency.latency_metrics(run.records, concurrency, run.wall_s)
+        extra = client.latency_metrics(run.records, concurrency, run.wall_s)
         log.info("latency: TTFT p50 %.1f ms, ITL p50 %.2f ms, e2e p50 %.1f ms over %d request(s) at concurrency %d",
                  extra.get("ttft_ms_p50", float("nan")), extra.get("itl_ms_p50", float("nan")),
                  extra.get("e2e_ms_p50", float("nan")), len(run.records), concurrency)
         info = {"scenario": "latency", "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
                 "server_slots": concurrency,
                 "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
-        return BackendResult(phases=latency.latency_phases(run.records, cfg["n_prompt"]),
+        return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
                              info=info, command=run.argv, extra_metrics=extra)
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Optional
 
-from jbench.device.connection import Connection, LocalConnection
+from jbench.device.connection import Connection
+
 from jbench.device.telemetry.tegrastats import parse_line, total_input_power_mw
 
 log = logging.getLogger("jbench.telemetry")
@@ -426,12 +426,12 @@ def make_sampler(source: str, conn: Connection, device: dict, profile: Optional[
     if source == "jtop":
         return JtopSampler(conn, interval_ms)
     if source == "nvml":
-        if not isinstance(conn, LocalConnection):
+        if not conn.is_local:
             return NoSampler("telemetry.source=nvml samples the controller's own GPUs: use it with device=local")
         reason = NvmlSampler.available()
         return NoSampler(reason) if reason else NvmlSampler(interval_ms)
     if source == "auto":
-        if isinstance(conn, LocalConnection) and not profile:
+        if conn.is_local and not profile:
             reason = NvmlSampler.available()
             if reason is None:
                 return NvmlSampler(interval_ms)
