@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jbench.backends.llamacpp.backend import parse_output
+from jbench.backends.llamacpp.bench import parse_output
 
 from .conftest import jbench_cli
 

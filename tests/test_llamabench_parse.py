@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jbench.backends.llamacpp.backend import (
+from jbench.backends.llamacpp.bench import (
     ParseError,
     normalize_flash_attn,
     parse_output,
