@@ -527,7 +527,7 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
     import json
 
     from jbench.analysis.roofline import RooflineError
-    from jbench.insight import roofline_figures
+    from jbench.reporting.roofline import roofline_figures
 
     try:
         fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
@@ -628,7 +628,7 @@ def calibrate(device_name, size_mb, config_dirs) -> None:
     """Measure achievable memory bandwidth on DEVICE (numpy copy on the device's CPU) for the roofline."""
     from jbench.device.connection import DeviceError
     from jbench.device.connect import connect
-    from jbench.insight import measure_bandwidth, save_calibration
+    from jbench.device.bandwidth import measure_bandwidth, save_calibration
 
     device, profile, _ = _device_config(device_name, config_dirs)
     try:

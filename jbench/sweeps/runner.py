@@ -29,7 +29,7 @@ from jbench.device.thermal import thermal_gate
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.models.store import resolve_model_file
 from jbench.trial import BackendResult, Trial, flatten
-from jbench.insight import trial_roofline
+from jbench.reporting.roofline import trial_roofline
 from jbench.tracking.reader import finished_trials
 from jbench.sweeps.measure import measure
 from jbench.sweeps.plan import Plan
