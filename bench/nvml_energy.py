@@ -30,7 +30,7 @@ from jbench.analysis.telemetry import counter_energy  # noqa: E402
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from jbench.device.local import LocalConnection  # noqa: E402
 from jbench.sweeps.measure import measure  # noqa: E402
-from jbench.trial import Trial  # noqa: E402
+from jbench.trial import Trial
 
 
 def make_trial(bin_dir: str, model: str, n_prompt: int, n_gen: int, reps: int, min_window_s: float) -> Trial:

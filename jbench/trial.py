@@ -78,6 +78,10 @@ class Trial:
     choices: dict  # Hydra group choices (device=local, model=gemma3_270m, ...)
     point: dict  # the sweep values that define this cell, e.g. {"model.quant": "Q4_0"}
     config_hash: str
+    # sweep.rounds splits a trial's repetitions over interleaved passes of the whole sweep: this is pass
+    # `round` of `rounds` (each pass is its own run; together they are the trial's measurement).
+    round: int = 1
+    rounds: int = 1
 
     @property
     def label(self) -> str:
@@ -85,56 +89,20 @@ class Trial:
             return "(single trial)"
         return " ".join(f"{k}={v}" for k, v in self.point.items())
 
-    def section(self, name: str) -> dict:
-        return self.config[name]
-
-
-@dataclass
-class PhaseResult:
-    """Speed of one phase (prefill or decode) over the measured repetitions."""
-
-    phase: str
-    n_tokens: int  # tokens processed per repetition
-    samples_ns: list[int]  # wall time of each repetition, as the backend measured it
-    depth: int = 0
-    # Device-clock time (epoch s) when the backend reported this phase's result; with the sum of the
-    # repetition times it delimits the phase's measurement window for energy.
-    end_time: Optional[float] = None
+    @property
+    def context_tokens(self) -> int:
+        return context_tokens(self.config["backend"])
 
     @property
-    def window(self) -> Optional[tuple[float, float]]:
-        if self.end_time is None:
-            return None
-        return (self.end_time - sum(self.samples_ns) / 1e9, self.end_time)
-
-    @property
-    def tokens_in_window(self) -> int:
-        return self.n_tokens * len(self.samples_ns)
-
-    @property
-    def samples_tps(self) -> list[float]:
-        return [self.n_tokens / (ns / 1e9) for ns in self.samples_ns if ns > 0]
+    def resume_key(self) -> str:
+        return resume_key(self.config_hash, self.round)
 
 
-@dataclass
-class BackendResult:
-    phases: dict[str, PhaseResult]
-    raw_output: str
-    raw_stderr: str = ""
-    build: dict[str, str] = field(default_factory=dict)  # build_commit, build_number, backends, ...
-    info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
-    command: Optional[list[str]] = None
-    start_time: Optional[float] = None  # device clock when the backend process started
-    # Metrics beyond the phase metrics, already named as in docs/metrics.md (e.g. the latency scenario's
-    # ttft_ms_p50, itl_ms_mean, ...); logged as they are.
-    extra_metrics: dict[str, float] = field(default_factory=dict)
-    # Diagnoses the backend itself made from its output (e.g. the engine's GEMV-trace analysis): each a dict
-    # with at least `code` and `message` (also `severity`, `evidence`). Meant to be logged as `finding.<code>` tags.
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    # Extra numeric results beyond the phase speeds (e.g. gemv_weight_bytes_per_token), named as in
-    # docs/backends.md; meant to be logged as MLflow metrics. Never holds a placeholder 0 for "not measured".
-    metrics: dict[str, float] = field(default_factory=dict)
+def context_tokens(backend: dict) -> int:
+    """Tokens a trial holds in its context at the end: depth before the test + prompt + generated."""
+    return int(backend.get("depth", 0)) + int(backend.get("n_prompt", 0)) + int(backend.get("n_gen", 0))
 
 
-def nan_if_none(value: Optional[float]) -> float:
-    return math.nan if value is None else value
+def resume_key(config_hash: str, round_no: int | str = 1) -> str:
+    """What makes a FINISHED run count as this trial done: its identity and its round."""
+    return f"{config_hash}:{round_no}"

@@ -25,7 +25,7 @@ from jbench.backends.base import Backend, BackendError, Capabilities, _targets, 
 from jbench.config import ConfigError, compose
 from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
-from jbench.trial import BackendResult, PhaseResult
+from jbench.results import BackendResult, PhaseResult
 
 HERE = Path(__file__).resolve().parent
 ENGINE = HERE / "fixtures" / "engine" / "stand_in_engine.py"

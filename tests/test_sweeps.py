@@ -11,6 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from jbench.config import available_choices
+from jbench.config import ThermalConfig
 from jbench.device.thermal import thermal_gate
 from jbench.sweeps.plan import plan
 from jbench.sweeps.runner import _oom_skip
@@ -137,13 +138,13 @@ def test_thermal_gate_waits_bounded_and_skips_without_sensors():
     log = logging.getLogger("test")
     temps = iter([72.0, 66.0, 58.0])
     clock = iter(range(0, 1000, 5))
-    tags = thermal_gate(None, {"start_below_c": 60, "timeout_s": 100, "poll_s": 5}, log,
+    tags = thermal_gate(None, ThermalConfig(start_below_c=60, timeout_s=100, poll_s=5), log,
                         read=lambda c: next(temps), sleep=lambda s: None, clock=lambda: next(clock))
     assert tags["thermal.gate"].startswith("waited") and tags["thermal.start_temp_c"] == "58.0"
-    hot = thermal_gate(None, {"start_below_c": 60, "timeout_s": 10, "poll_s": 5}, log,
+    hot = thermal_gate(None, ThermalConfig(start_below_c=60, timeout_s=10, poll_s=5), log,
                        read=lambda c: 80.0, sleep=lambda s: None, clock=iter(range(0, 1000, 5)).__next__)
     assert hot["thermal.gate"] == "timeout" and hot["thermal.start_temp_c"] == "80.0"
-    assert thermal_gate(None, {"start_below_c": 60}, log, read=lambda c: None) == {
+    assert thermal_gate(None, ThermalConfig(start_below_c=60), log, read=lambda c: None) == {
         "thermal.gate": "no temperature sensors: not gated"}
 
 

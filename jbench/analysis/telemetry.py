@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from jbench.results import Finding
 from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
 
 
@@ -33,13 +34,6 @@ class PhaseWindow:
     @property
     def duration(self) -> float:
         return self.end - self.start
-
-
-@dataclass
-class Finding:
-    code: str
-    message: str
-    evidence: dict = field(default_factory=dict)
 
 
 def _series(samples: list[dict], key: str) -> tuple[list[float], list[float]]:

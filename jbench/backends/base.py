@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import ClassVar, Optional
 
+from jbench import registry
 from jbench.device.connection import Connection
-from jbench.trial import BackendResult, Trial
+from jbench.trial import Trial
+from jbench.results import BackendResult
 
 
 class BackendError(Exception):
@@ -75,27 +76,13 @@ def size_problems(cfg: dict) -> list[str]:
     return problems
 
 
-_BUILTIN = {
-    "llamacpp": "jbench.backends.llamacpp.backend:LlamaCppBackend",
-    "engine": "jbench.backends.engine.backend:EngineBackend",
-    "trtllm": "jbench.backends.trtllm.backend:TrtllmBackend",
-}
-
-
-def _targets() -> dict[str, str]:
-    targets = dict(_BUILTIN)
-    for ep in entry_points(group="jbench.backends"):
-        targets.setdefault(ep.name, ep.value)
-    return targets
-
-
 def backend_schemas() -> dict[str, type]:
     """name -> config dataclass of every registered backend that imports; a broken third-party
     backend is left out with a warning instead of breaking every command."""
     import logging
 
     out = {}
-    for name in _targets():
+    for name in registry.targets(registry.BACKENDS):
         try:
             out[name] = backend_class(name).CONFIG
         except Exception as exc:  # ImportError, AttributeError from a plugin
@@ -104,11 +91,8 @@ def backend_schemas() -> dict[str, type]:
 
 
 def backend_class(name: str) -> type[Backend]:
-    """The Backend class registered under name (built-in or through entry points)."""
-    targets = _targets()
-    if name not in targets:
-        raise KeyError(f"unknown backend '{name}'. Valid backends: {', '.join(sorted(targets))}")
-    module_name, _, attr = targets[name].partition(":")
-    import importlib
-
-    return getattr(importlib.import_module(module_name), attr)
+    """The Backend class registered under name (built-in or through the `jbench.backends` entry points)."""
+    try:
+        return registry.load(registry.BACKENDS, name)
+    except KeyError as exc:
+        raise KeyError(str(exc.args[0]).replace("Valid:", "Valid backends:")) from None

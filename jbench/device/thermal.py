@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Optional
 
+from jbench.config import ThermalConfig
 from jbench.device.connection import Connection
 
 # Constant script; thermal zones report milli-degrees C; offline sensors (-256 C and the like) are ignored.
@@ -25,14 +26,14 @@ def hottest_c(conn: Connection) -> Optional[float]:
     return max(temps) if temps else None
 
 
-def thermal_gate(conn: Connection, cfg: dict, log: logging.Logger, *, read=hottest_c, sleep=time.sleep,
+def thermal_gate(conn: Connection, cfg: ThermalConfig, log: logging.Logger, *, read=hottest_c, sleep=time.sleep,
                  clock=time.monotonic) -> dict[str, str]:
     """Wait until the hottest sensor is under thermal.start_below_c (bounded by thermal.timeout_s);
     on timeout go on and say so. Returns tags recording what happened."""
-    limit = cfg.get("start_below_c")
+    limit = cfg.start_below_c
     tags: dict[str, str] = {}
-    if cfg.get("cooldown_s"):
-        sleep(float(cfg["cooldown_s"]))
+    if cfg.cooldown_s:
+        sleep(float(cfg.cooldown_s))
     temp = read(conn)
     if temp is None:
         return {"thermal.gate": "no temperature sensors: not gated"}
@@ -43,12 +44,12 @@ def thermal_gate(conn: Connection, cfg: dict, log: logging.Logger, *, read=hotte
     start = clock()
     waited = False
     while temp >= limit:
-        if clock() - start >= float(cfg.get("timeout_s", 600)):
+        if clock() - start >= float(cfg.timeout_s):
             log.warning("thermal gate: still %.1f C after %.0f s (limit %.1f C); going on", temp, clock() - start, limit)
             tags.update({"thermal.gate": "timeout", "thermal.start_temp_c": f"{temp:.1f}"})
             return tags
         waited = True
-        sleep(float(cfg.get("poll_s", 5)))
+        sleep(float(cfg.poll_s))
         temp = read(conn)
         if temp is None:
             break

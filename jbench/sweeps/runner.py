@@ -28,7 +28,8 @@ from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.models.store import resolve_model_file
-from jbench.trial import BackendResult, Trial, flatten
+from jbench.trial import Trial, flatten
+from jbench.results import BackendResult
 from jbench.reporting.roofline import trial_roofline
 from jbench.tracking.reader import finished_trials
 from jbench.sweeps.measure import measure

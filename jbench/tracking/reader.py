@@ -13,6 +13,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from jbench.tracking.common import resolve_uri
+from jbench.trial import resume_key
 
 # --- reading results (report, compare, regress, export) ---------------------------------------
 # Reading is batched like writing: runs come from paginated search_runs calls (5000 runs a page,
@@ -325,5 +326,5 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str) -> dict[str, dict
             continue
         r = rounds.iloc[i] if rounds is not None and isinstance(rounds.iloc[i], str) else "1"
         wall = walls.iloc[i] if walls is not None else None
-        found.setdefault(f"{h}:{r}", {"run_id": run_id, "wall_s": None if wall != wall else wall})
+        found.setdefault(resume_key(h, r), {"run_id": run_id, "wall_s": None if wall != wall else wall})
     return found

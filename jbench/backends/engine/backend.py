@@ -29,7 +29,8 @@ from jbench.backends.engine.trace import LogPatterns, ParsedTrace, PhaseLine, Tr
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.trial import BackendResult, PhaseResult, Trial
+from jbench.trial import Trial
+from jbench.results import BackendResult, PhaseResult
 from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
 
 # --------------------------------------------------------------------------------------------
@@ -610,8 +611,7 @@ class EngineBackend(Backend):
                     result.metrics["gemv_fraction_of_ceiling"] = report.fraction_of_ceiling
                 log.info("%s", report.summary().splitlines()[0])
         for f in report.findings:
-            result.findings.append({"code": f.code, "severity": f.severity, "message": f.message,
-                                    "evidence": dict(f.evidence)})
+            result.findings.append(f)
             log.warning("finding %s: %s", f.code, f.message)
 
 

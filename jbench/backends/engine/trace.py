@@ -44,6 +44,7 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from jbench.results import Finding
 from jbench.analysis.roofline import RooflineError, decode_ceiling, ggml_type, tensor_bytes
 
 SEVERITY_INFO = "info"
@@ -493,14 +494,6 @@ def detect_layers(shapes: Sequence[tuple[int, int, int]]) -> Optional[LayerPatte
 
 
 @dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: str  # SEVERITY_INFO | SEVERITY_WARNING | SEVERITY_ERROR
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class TraceHints:
     """Optional model dimensions that make the fusion checks exact; any may be None (then inferred)."""
 
@@ -854,7 +847,7 @@ def report_to_dict(report: TraceReport) -> dict[str, Any]:
         "implied_bandwidth_bytes_per_s": report.implied_bandwidth_bytes_per_s,
         "ceiling_tps": report.ceiling_tps,
         "fraction_of_ceiling": report.fraction_of_ceiling,
-        "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "evidence": f.evidence}
+        "findings": [f.as_dict()
                      for f in report.findings],
         "warnings": list(report.warnings),
         "n_gemv_lines": report.n_gemv_lines,

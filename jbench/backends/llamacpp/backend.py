@@ -19,7 +19,8 @@ from typing import List, Optional
 from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
-from jbench.trial import BackendResult, Trial
+from jbench.trial import Trial
+from jbench.results import BackendResult
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
@@ -284,7 +285,7 @@ class LlamaCppBackend(Backend):
                 "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
         return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
-                             info=info, command=run.argv, extra_metrics=extra)
+                             info=info, command=run.argv, metrics=extra)
 
 
 def _looks_oom(stderr: str) -> bool:

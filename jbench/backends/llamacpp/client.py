@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 
-from jbench.trial import PhaseResult
+from jbench.results import PhaseResult
 from jbench.backends.base import BackendError
 
 

@@ -43,7 +43,8 @@ from typing import Any, List, Optional
 
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.trial import BackendResult, PhaseResult, Trial
+from jbench.trial import Trial
+from jbench.results import BackendResult, PhaseResult
 from jbench.backends.base import Backend, BackendError, Capabilities
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,

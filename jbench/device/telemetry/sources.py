@@ -1,0 +1,73 @@
+"""Telemetry sources by name (telemetry.source): each is a factory registered in the `jbench.samplers`
+entry-point group, `(conn, device, profile, interval_ms) -> Sampler`. A user's package adds a source the
+same way (see jbench.registry); `auto` picks among the built-ins."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from jbench import registry
+from jbench.device.connection import Connection
+from jbench.device.telemetry.samplers import (
+    JtopSampler,
+    NoSampler,
+    NvmlSampler,
+    Sampler,
+    SysfsSampler,
+    TegrastatsSampler,
+)
+
+
+def _rails(profile: Optional[dict]) -> dict:
+    profile = profile or {}
+    return {"rails_spec": profile.get("power_rails") or None, "gpu_rail": profile.get("gpu_rail"),
+            "cpu_rail": profile.get("cpu_rail")}
+
+
+def no_telemetry(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    return NoSampler("telemetry.source=none")
+
+
+def tegrastats(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    return TegrastatsSampler(conn, interval_ms, **_rails(profile))
+
+
+def sysfs(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    return SysfsSampler(conn, interval_ms, **_rails(profile),
+                        sysfs_root=(device.get("paths") or {}).get("sysfs_root", "/sys"))
+
+
+def jtop(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    return JtopSampler(conn, interval_ms)
+
+
+def nvml(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    if not conn.is_local:
+        return NoSampler("telemetry.source=nvml samples the controller's own GPUs: use it with device=local")
+    reason = NvmlSampler.available()
+    return NoSampler(reason) if reason else NvmlSampler(interval_ms)
+
+
+def auto(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    """NVML on a local machine without a Jetson profile; on a Jetson tegrastats, else the sysfs reader."""
+    if conn.is_local and not profile:
+        reason = NvmlSampler.available()
+        if reason is None:
+            return NvmlSampler(interval_ms)
+        return NoSampler(f"no power sensor on this machine: {reason}; no Jetson profile (device.profile)")
+    probe = conn.run(["sh", "-c", "command -v tegrastats; command -v python3"], timeout=30)
+    if "tegrastats" in probe.stdout:
+        return tegrastats(conn, device, profile, interval_ms)
+    if "python3" in probe.stdout:
+        return sysfs(conn, device, profile, interval_ms)
+    return NoSampler(f"no telemetry source on '{conn.name}': tegrastats and python3 not found")
+
+
+def make_sampler(source: str, conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+    """The sampler for telemetry.source (a registered name)."""
+    try:
+        factory = registry.load(registry.SAMPLERS, source)
+    except KeyError:
+        raise ValueError(f"unknown telemetry.source '{source}'. Valid: "
+                         f"{', '.join(sorted(registry.targets(registry.SAMPLERS)))}") from None
+    return factory(conn, device, profile, interval_ms)

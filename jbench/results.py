@@ -1,0 +1,129 @@
+"""The result types every part of jbench shares.
+
+One `Result` shape (metrics, findings, tags, artifacts, series) is what a backend, a telemetry pass and
+every per-trial analysis hands back; the sweep merges them into the trial's record. One `Finding` type
+carries a diagnosis wherever it comes from (telemetry, a backend's own output, an analysis). `Status`
+and `Category` are the only spellings of a trial's state and of why it failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+
+class Status(str, Enum):
+    """A trial's state; the values are MLflow's run statuses plus SKIPPED (never started)."""
+
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    SKIPPED = "SKIPPED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Category(str, Enum):
+    """Why a trial failed or was skipped (tag `jbench.failure_category`, docs/metrics.md)."""
+
+    UNPARSEABLE_OUTPUT = "unparseable_output"
+    BACKEND_CRASH = "backend_crash"
+    TIMEOUT = "timeout"
+    MISSING_BINARY = "missing_binary"
+    MISSING_MODEL = "missing_model"
+    OUT_OF_MEMORY = "out_of_memory"
+    POWER_STATE = "power_state"
+    CONNECTION_LOST = "connection_lost"
+    DEVICE = "device"
+    INTERRUPTED = "interrupted"
+    RESUMED = "resumed"
+    OOM_SKIP = "oom_skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A named diagnosis with its evidence, e.g. cpu_fallback: 'GR3D 0 % while decoding ...'."""
+
+    code: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    severity: str = "warning"  # info | warning | error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "severity": self.severity, "evidence": self.evidence}
+
+
+@dataclass
+class Result:
+    """What one step of a trial adds to its record.
+
+    metrics: numbers named as in docs/metrics.md (NaN means not measured; it is never logged as a number);
+    tags: strings (statuses, sources, reasons); findings: diagnoses; artifacts: {relative path: text};
+    series: time series {metric: [(epoch s, value)]}; stepped: per-repetition values {metric: [v0, v1, ...]}.
+    """
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    series: dict[str, list] = field(default_factory=dict)
+    stepped: dict[str, list[float]] = field(default_factory=dict)
+
+    def merge(self, other: "Result") -> "Result":
+        """Add other's content to this one (later values win for the same name); returns self."""
+        self.metrics.update(other.metrics)
+        self.tags.update(other.tags)
+        known = {f.code for f in self.findings}
+        self.findings.extend(f for f in other.findings if f.code not in known)
+        self.artifacts.update(other.artifacts)
+        self.series.update(other.series)
+        self.stepped.update(other.stepped)
+        return self
+
+
+@dataclass
+class PhaseResult:
+    """Speed of one phase (prefill or decode) over the measured repetitions."""
+
+    phase: str
+    n_tokens: int  # tokens processed per repetition
+    samples_ns: list[int]  # wall time of each repetition, as the backend measured it
+    depth: int = 0
+    # Device-clock time (epoch s) when the backend reported this phase's result; with the sum of the
+    # repetition times it delimits the phase's measurement window for energy.
+    end_time: Optional[float] = None
+
+    @property
+    def window(self) -> Optional[tuple[float, float]]:
+        if self.end_time is None:
+            return None
+        return (self.end_time - sum(self.samples_ns) / 1e9, self.end_time)
+
+    @property
+    def tokens_in_window(self) -> int:
+        return self.n_tokens * len(self.samples_ns)
+
+    @property
+    def samples_tps(self) -> list[float]:
+        return [self.n_tokens / (ns / 1e9) for ns in self.samples_ns if ns > 0]
+
+
+@dataclass
+class BackendResult(Result):
+    """A backend's run: the phases it measured and the raw output behind them, plus the common Result
+    fields (metrics beyond the phase speeds, e.g. the latency scenario's ttft_ms_p50 or the engine's
+    gemv_weight_bytes_per_token; findings the backend made from its own output)."""
+
+    phases: dict[str, PhaseResult] = field(default_factory=dict)
+    raw_output: str = ""
+    raw_stderr: str = ""
+    build: dict[str, str] = field(default_factory=dict)  # build_commit, build_number, backends, ...
+    info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
+    command: Optional[list[str]] = None
+    start_time: Optional[float] = None  # device clock when the backend process started

@@ -1,0 +1,91 @@
+"""The stages of one trial, in order: power state -> thermal gate -> measure -> analyses.
+
+Each stage is a small class with one `run(ctx)` over the shared TrialContext. A stage that cannot do
+its job raises (PowerStateError, BackendError, DeviceError, ConnectionLost); the sweep turns the
+exception into a FAILED trial with its category in one place (Sweep._failure). A new per-trial analysis
+is a Stage registered in the `jbench.analyses` entry-point group (jbench.registry), not an edit here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from jbench import registry
+from jbench.device.thermal import thermal_gate
+from jbench.results import Result
+from jbench.sweeps.context import TrialContext
+from jbench.sweeps.measure import measure
+
+
+class Stage(ABC):
+    NAME: ClassVar[str]
+
+    def applies(self, ctx: TrialContext) -> bool:
+        """False skips the stage for this trial (e.g. no power control asked for)."""
+        return True
+
+    @abstractmethod
+    def run(self, ctx: TrialContext) -> None:
+        """Do the stage's work; add what it found to ctx.record."""
+
+
+class PowerState(Stage):
+    """Bring the device into the trial's power state (nvpmodel mode, jetson_clocks, fan) and verify it."""
+
+    NAME = "power"
+
+    def applies(self, ctx: TrialContext) -> bool:
+        return ctx.cfg.wants_power_control
+
+    def run(self, ctx: TrialContext) -> None:
+        power, strategy = ctx.cfg.power, ctx.power
+        assert strategy is not None, "the sweep's preflight gives every power-controlled device a strategy"
+        strategy.log = ctx.log
+        changes = strategy.apply(power.mode, power.jetson_clocks, allow_reboot=power.allow_reboot,
+                                 reboot_timeout_s=power.reboot_timeout_s, fan=power.fan)
+        snap = strategy.last
+        ctx.actual_mode = snap.mode
+        ctx.record.tags.update({"power.mode_actual": snap.mode, "power.mode_id": str(snap.mode_id),
+                                "power.jetson_clocks_actual": str(snap.clocks_locked),
+                                "power.changes": "; ".join(changes) or "none"})
+
+
+class ThermalGate(Stage):
+    """Wait (bounded) until the device is cool enough to start."""
+
+    NAME = "thermal_gate"
+
+    def run(self, ctx: TrialContext) -> None:
+        ctx.record.tags.update(thermal_gate(ctx.conn, ctx.cfg.thermal, ctx.log))
+
+
+class Measure(Stage):
+    """The backend's run under telemetry; what the backend itself reported joins the record."""
+
+    NAME = "measure"
+
+    def run(self, ctx: TrialContext) -> None:
+        measure(ctx)
+        result = ctx.backend_result
+        assert result is not None
+        tags = {f"backend.{k}": str(v) for k, v in result.build.items()}
+        tags.update({f"backend.{k}": str(v) for k, v in result.info.items()
+                     if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})
+        artifacts = {"raw/stdout.txt": result.raw_output, "raw/stderr.txt": result.raw_stderr}
+        if result.findings:
+            import json
+
+            artifacts["backend_findings.json"] = json.dumps([f.as_dict() for f in result.findings], indent=2,
+                                                            default=str)
+        ctx.record.merge(Result(metrics=dict(result.metrics), tags={**result.tags, **tags},
+                                findings=list(result.findings), artifacts=artifacts))
+
+
+def default_stages() -> list[Stage]:
+    """The stage list of every trial: the fixed device and measurement stages, then every registered
+    analysis in registration order (built-ins first)."""
+    stages: list[Stage] = [PowerState(), ThermalGate(), Measure()]
+    for name in registry.targets(registry.ANALYSES):
+        stages.append(registry.load(registry.ANALYSES, name)())
+    return stages
