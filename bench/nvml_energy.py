@@ -29,6 +29,7 @@ from jbench.analysis.energy import window_energy  # noqa: E402
 from jbench.analysis.telemetry import counter_energy  # noqa: E402
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from jbench.device.local import LocalConnection  # noqa: E402
+from jbench.sweeps.context import TrialContext, typed_config  # noqa: E402
 from jbench.sweeps.measure import measure  # noqa: E402
 from jbench.trial import Trial
 
@@ -84,15 +85,17 @@ def main() -> None:
     for min_window in (0.5, 2.0, 8.0):
         trial = make_trial(args.bin_dir, args.model, n_prompt=512, n_gen=256, reps=3, min_window_s=min_window)
         backend = LlamaCppBackend(trial.config["backend"])
-        measured = measure(trial, backend, LocalConnection(), log)
+        ctx = TrialContext(trial, typed_config(trial.config), LocalConnection(), backend, None, log)
+        measure(ctx)
+        measured = ctx.record
         import csv
         import io
 
-        rows = list(csv.DictReader(io.StringIO(measured.files["telemetry/samples.csv"])))
+        rows = list(csv.DictReader(io.StringIO(measured.artifacts["telemetry/samples.csv"])))
         samples = [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in rows]
-        windows = json.loads(measured.files["telemetry/windows.json"])
+        windows = json.loads(measured.artifacts["telemetry/windows.json"])
         cmp = compare_windows(samples, windows)
-        speed = {p: round(sum(r.samples_tps) / len(r.samples_tps), 1) for p, r in measured.result.phases.items()}
+        speed = {p: round(sum(r.samples_tps) / len(r.samples_tps), 1) for p, r in ctx.backend_result.phases.items()}
         entry = {"min_window_s": min_window, "tok_s": speed, "power_field": measured.tags.get("telemetry.power_field"),
                  "energy_status": measured.tags.get("energy.status"), "windows": cmp,
                  "jbench_metrics": {k: v for k, v in measured.metrics.items() if "energy" in k or "power" in k}}

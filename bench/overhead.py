@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from jbench.models.store import resolve_model_file  # noqa: E402
 from jbench.sweeps.plan import plan  # noqa: E402
-from jbench.sweeps.runner import run_plan  # noqa: E402
+from jbench.sweeps.sweep import Sweep  # noqa: E402
 from jbench.tracking.writer import Tracker  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def jbench_round(overrides: list[str], results: Path) -> tuple[float, list[list[
     p = plan(overrides)
     if p.problems:
         raise SystemExit("plan problems: " + "; ".join(p.problems))
-    outcome = run_plan(p, tracker_factory=lambda: Tracker(None, results))
+    outcome = Sweep(p, lambda: Tracker(None, results)).run()
     wall = time.perf_counter() - started
     if outcome.failed:
         raise SystemExit(f"trials failed: {[o.error for o in outcome.failed]}")

@@ -85,7 +85,7 @@ def _summary_table(outcome) -> Table:
     table.add_column("run id / reason", overflow="fold")
     for o in outcome.outcomes:
         m = o.metrics
-        color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(o.status, "yellow")
+        color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(str(o.status), "yellow")
         table.add_row(
             str(o.trial.index),
             o.trial.label,
@@ -126,8 +126,9 @@ def _history(plan_) -> dict:
 def _execute(plan_, dry_run: bool) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from jbench.sweeps.runner import PreflightError, run_plan
+    from jbench.sweeps.sweep import PreflightError, Sweep
     from jbench.tracking.writer import Tracker
+    from jbench.trial import resume_key
 
     if plan_.problems:
         err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
@@ -146,16 +147,14 @@ def _execute(plan_, dry_run: bool) -> None:
         known = 0.0
         unknown = 0
         for t in plan_.trials:
-            round_no = (t.config.get("round") or {}).get("index", 1)
-            wall = (history.get(f"{t.config_hash}:{round_no}") or history.get(f"{t.config_hash}:1") or {}).get("wall_s")
+            wall = (history.get(t.resume_key) or history.get(resume_key(t.config_hash, 1)) or {}).get("wall_s")
             if wall:
                 known += wall
             else:
                 unknown += 1
             est = f"~{wall:.0f} s" if wall else "no estimate"
             console.print(f"  {t.index:>4}  {t.label}  [dim]{t.config_hash}  {est}[/]", highlight=False)
-        done = sum(1 for t in plan_.trials
-                   if f"{t.config_hash}:{(t.config.get('round') or {}).get('index', 1)}" in history)
+        done = sum(1 for t in plan_.trials if t.resume_key in history)
         console.print(f"estimated duration: {known / 60:.1f} min for {len(plan_.trials) - unknown} trial(s) from earlier "
                       f"runs of the same configuration; {unknown} trial(s) without history"
                       + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
@@ -188,14 +187,15 @@ def _execute(plan_, dry_run: bool) -> None:
         def end(outcome):
             progress.advance(task)
             for finding in outcome.findings:
-                progress.console.print(f"[yellow]trial {outcome.trial.index} finding:[/] {finding}", highlight=False)
+                progress.console.print(f"[yellow]trial {outcome.trial.index} finding:[/] {finding.message}",
+                                       highlight=False)
             if outcome.status != "FINISHED":
                 progress.console.print(
                     f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {outcome.error}", highlight=False
                 )
 
         try:
-            result = run_plan(plan_, tracker_factory=tracker, on_trial_start=start, on_trial_end=end)
+            result = Sweep(plan_, tracker, on_trial_start=start, on_trial_end=end).run()
         except PreflightError as exc:
             progress.stop()
             raise _fail(f"the device is not ready; nothing was run:\n{exc}") from None
@@ -204,7 +204,7 @@ def _execute(plan_, dry_run: bool) -> None:
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(130) from None
     console.print(_summary_table(result))
-    for note in plan_.notes[notes_shown:]:  # drops decided at preflight (backends not available)
+    for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)
         console.print(f"[cyan]note:[/] {note}", highlight=False)
     notes = sorted({n for o in result.outcomes for n in o.notes})
     for note in notes:  # said once per sweep, not once per trial

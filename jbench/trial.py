@@ -89,6 +89,14 @@ class Trial:
             return "(single trial)"
         return " ".join(f"{k}={v}" for k, v in self.point.items())
 
+    def section(self, name: str) -> dict:
+        return self.config[name]
+
+    @property
+    def wants_power_control(self) -> bool:
+        p = self.config.get("power") or {}
+        return wants_power_control(p.get("mode"), p.get("jetson_clocks"), p.get("fan"))
+
     @property
     def context_tokens(self) -> int:
         return context_tokens(self.config["backend"])
@@ -96,6 +104,11 @@ class Trial:
     @property
     def resume_key(self) -> str:
         return resume_key(self.config_hash, self.round)
+
+
+def wants_power_control(mode: Any, jetson_clocks: Any, fan: Any) -> bool:
+    """A trial controls the device's power state when it sets any of power.mode/jetson_clocks/fan."""
+    return mode is not None or jetson_clocks is not None or fan is not None
 
 
 def context_tokens(backend: dict) -> int:

@@ -295,7 +295,7 @@ def test_jsonl_output_and_power_line(tmp_path):
     assert result.phases["decode"].samples_ns == [round(decode_ms[-1] * 1e6)]
     assert result.info["engine_output_format"] == "jsonl"
     assert result.info["engine_gpu_mhz"] == 0 and result.info["engine_power_mode"] == "7W"
-    assert "gpu_clock_zero" in [f["code"] for f in result.findings]
+    assert "gpu_clock_zero" in [f.code for f in result.findings]
 
 
 def test_output_jsonl_with_a_log_engine_is_unparseable(tmp_path):

@@ -26,7 +26,7 @@ from jbench.backends.llamacpp.backend import LlamaCppBackend
 from jbench.device.local import LocalConnection
 from jbench.device.connect import connect
 from jbench.sweeps.plan import plan
-from jbench.sweeps.runner import phase_metrics
+from jbench.sweeps.analyses import phase_metrics
 from jbench.trial import config_hash
 from jbench.results import BackendResult
 
@@ -152,7 +152,7 @@ def test_metrics_and_phase_mapping_follow_the_definitions():
     assert m["latency_throughput_tps"] == pytest.approx(10 / 2.0)
     assert m["server_prefill_tps"] == pytest.approx(60.0) and m["server_decode_tps"] == pytest.approx(7.5)
     phases = client.latency_phases(recs, n_prompt=8)
-    pm, _ = phase_metrics(BackendResult(phases=phases, raw_output=""))
+    pm = phase_metrics(BackendResult(phases=phases, raw_output="")).metrics
     assert pm["prefill_tps"] == pytest.approx((8 / 0.1 + 8 / 0.2) / 2)
     assert pm["decode_tps"] == pytest.approx((1000 / 100.0 + 1000 / 200.0) / 2)
     assert pm["decode_tokens"] == 4 and pm["prefill_tokens"] == 8
@@ -252,7 +252,7 @@ def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
         assert r["output_tps"] == pytest.approx(r["output_tokens"] / r["e2e_s"])
         assert r["server_timings"]["prompt_n"] == 8 and r["server_timings"]["predicted_n"] == 4
 
-    m = result.extra_metrics
+    m = result.metrics
     for name in ("ttft_ms", "itl_ms", "e2e_ms", "output_tps"):
         values = [r[name] for r in rows]
         for q in (50, 90, 99):
@@ -263,7 +263,7 @@ def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
     assert m["latency_requests"] == 3 and m["latency_concurrency"] == 1
     assert m["server_prefill_tps"] > 0 and m["server_decode_tps"] > 0
 
-    pm, _ = phase_metrics(result)
+    pm = phase_metrics(result).metrics
     assert pm["prefill_tps"] == pytest.approx(sum(8 / r["ttft_s"] for r in rows) / 3, rel=1e-6)
     assert pm["decode_tps"] == pytest.approx(sum(1000 / r["itl_ms"] for r in rows) / 3, rel=1e-6)
 
@@ -280,7 +280,7 @@ def test_concurrency_two_keeps_two_requests_in_flight(llama_build, bundled_model
     assert {r["worker"] for r in rows} == {0, 1}
     first_end = min(r["sent_at"] + r["e2e_s"] for r in rows)
     assert all(r["sent_at"] < first_end for r in rows)  # both were sent before either finished
-    assert result.extra_metrics["latency_concurrency"] == 2 and result.extra_metrics["latency_requests"] == 2
+    assert result.metrics["latency_concurrency"] == 2 and result.metrics["latency_requests"] == 2
     assert all(r["output_tokens"] == 4 for r in rows)
 
 

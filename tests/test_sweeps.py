@@ -14,7 +14,7 @@ from jbench.config import available_choices
 from jbench.config import ThermalConfig
 from jbench.device.thermal import thermal_gate
 from jbench.sweeps.plan import plan
-from jbench.sweeps.runner import _oom_skip
+from jbench.sweeps.sweep import _oom_key, _skipped
 from jbench.trial import Trial
 
 from .conftest import jbench_cli
@@ -108,7 +108,8 @@ def test_rounds_split_repetitions_and_keep_the_hash():
     first, second = p.trials[:6], p.trials[6:]
     assert [t.config_hash for t in first] == [t.config_hash for t in second]
     assert all(t.config["backend"]["repetitions"] == 5 for t in p.trials)
-    assert {t.config["round"]["index"] for t in second} == {2}
+    assert {t.round for t in second} == {2} and {t.rounds for t in p.trials} == {2}
+    assert len({t.resume_key for t in p.trials}) == 12  # round 1 and round 2 of a trial are resumed apart
 
 
 def test_planning_is_linear_and_hash_stable():
@@ -125,13 +126,14 @@ def _trial(depth, quant="Q4_0"):
 
 
 def test_oom_skips_larger_contexts_of_the_same_model_and_kv_type():
-    from jbench.sweeps.runner import _context, _oom_key
-
     failed = _trial(2048)
-    oom = [(_oom_key(failed), _context(failed), "run123")]
-    assert "ran out of memory at context 2068" in _oom_skip(_trial(4096), oom)
-    assert _oom_skip(_trial(1024), oom) is None
-    assert _oom_skip(_trial(4096, quant="Q8_0"), oom) is None
+    oom = [(_oom_key(failed), failed.context_tokens, "run123")]
+    skipped = _skipped(_trial(4096), {}, oom)
+    assert skipped.category == "oom_skip" and "ran out of memory at context 2068" in skipped.error
+    assert _skipped(_trial(1024), {}, oom) is None
+    assert _skipped(_trial(4096, quant="Q8_0"), {}, oom) is None
+    resumed = _skipped(_trial(1024), {_trial(1024).resume_key: {"run_id": "r1"}}, oom)
+    assert resumed.status == "SKIPPED" and resumed.category == "resumed" and resumed.run_id == "r1"
 
 
 def test_thermal_gate_waits_bounded_and_skips_without_sensors():

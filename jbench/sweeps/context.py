@@ -21,7 +21,7 @@ from jbench.config import (
 from jbench.device.connection import Connection
 from jbench.device.power import PowerStrategy
 from jbench.results import BackendResult, Result
-from jbench.trial import Trial
+from jbench.trial import Trial, wants_power_control
 
 
 @dataclass
@@ -39,8 +39,7 @@ class TrialConfig:
 
     @property
     def wants_power_control(self) -> bool:
-        p = self.power
-        return p.mode is not None or p.jetson_clocks is not None or p.fan is not None
+        return wants_power_control(self.power.mode, self.power.jetson_clocks, self.power.fan)
 
 
 def _typed(schema: type, values: Optional[dict]) -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
-from jbench.trial import Trial, config_hash
+from jbench.trial import Trial, config_hash, context_tokens
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
 
@@ -207,8 +207,8 @@ def _local_ram_bytes() -> Optional[int]:
     return None
 
 
-def memory_check(config: dict) -> Optional[str]:
-    """Model file + KV cache at the trial's context + reserve vs the device's RAM."""
+def memory_check(config: dict, reserve_bytes: float) -> Optional[str]:
+    """Model file + KV cache at the trial's context + reserve vs the device's RAM (None: fits or unknown)."""
     from jbench.models.store import ModelError, resolve_model_file
 
     try:
@@ -219,7 +219,7 @@ def memory_check(config: dict) -> Optional[str]:
     if meta is None:
         return None
     backend = config["backend"]
-    context = backend.get("depth", 0) + backend.get("n_prompt", 0) + backend.get("n_gen", 0)
+    context = context_tokens(backend)
     kv = _kv_bytes_per_token(meta, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
     if kv is None:
         return None
@@ -234,14 +234,14 @@ def memory_check(config: dict) -> Optional[str]:
         return None
     from jbench.analysis.roofline import memory_fit
 
-    fit = memory_fit(meta["file_size"], kv, context, ram, config["sweep_reserve_bytes"])
+    fit = memory_fit(meta["file_size"], kv, context, ram, reserve_bytes)
     if fit.fits:
         return None
     return (f"model + KV cache at context {context} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
-            f"allows with a {config['sweep_reserve_bytes'] / 1e9:g} GB reserve: {fit.message}")
+            f"allows with a {reserve_bytes / 1e9:g} GB reserve: {fit.message}")
 
 
-def _order(trials: list[Trial]) -> list[Trial]:
+def order(trials: list[Trial]) -> list[Trial]:
     """Fewest power-state switches, then fewest model loads: group by device and power state
     (in order of first appearance), then by model file; grid order inside a group."""
     first_seen: dict[tuple, int] = {}
@@ -260,11 +260,31 @@ def _order(trials: list[Trial]) -> list[Trial]:
     return sorted(trials, key=lambda t: (first_seen[power_key(t)], first_seen[power_key(t) + model_key(t)]))
 
 
-def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
-    """Expand, validate and order. Raises ConfigError for problems of the config as a whole."""
-    from omegaconf import OmegaConf
+@dataclass
+class Cell:
+    """One point of the grid before validation: its resolved config, group choices and swept values."""
 
-    from jbench.backends.base import backend_class
+    config: dict
+    choices: dict
+    point: dict
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.point.items()) or "(single trial)"
+
+
+@dataclass
+class Expansion:
+    cells: list[Cell]
+    dims: dict[str, Any]
+    sweep: dict  # the resolved sweep section (grid, link, exclude, rounds, max_cv, ...)
+    experiment: str
+    tracking: dict
+
+
+def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Expansion:
+    """Compose the config and expand the grid (experiment grid + command-line comma lists) into cells."""
+    from omegaconf import OmegaConf
 
     plain, cli_dims, pinned = _parse_overrides(overrides)
     first_cfg, first_choices = compose(plain, config_dirs)
@@ -283,12 +303,9 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         dims[key] = values
     dims.update(cli_dims)
     group_dims = {k: [str(v) for v in vs] for k, vs in dims.items() if k in GROUP_DIMS}
-    links = sweep_cfg.get("link") or [] if use_grid else []
-    rules = sweep_cfg.get("exclude") or [] if use_grid else []
-    rounds = max(1, int(sweep_cfg.get("rounds", 1)))
+    links = (sweep_cfg.get("link") or []) if use_grid else []
 
-    cells: list[tuple[dict, dict, dict]] = []  # (config, choices, point)
-    notes: list[str] = []
+    cells: list[Cell] = []
     tracking: dict = {}
     experiment = "adhoc"
     group_keys = list(group_dims)
@@ -335,79 +352,99 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
                 config = dict(base)
                 for k, v in point.items():
                     _set_dotted(config, k, v)
-            cells.append((config, dict(choices), {**group_point, **point}))
+            cells.append(Cell(config, dict(choices), {**group_point, **point}))
+    return Expansion(cells, dims, sweep_cfg, experiment, tracking)
 
-    # Drop what the experiment declares meaningless, with a note naming the rule.
-    kept = []
-    for config, choices, point in cells:
-        label = " ".join(f"{k}={v}" for k, v in point.items()) or "(single trial)"
-        reason = _excluded(config, rules)
-        if reason is None and sweep_cfg.get("drop_beyond_context") and use_grid:
-            limit = config["model"].get("context_length")
+
+def drop(cells: list[Cell], *, exclude: list[dict], drop_beyond_context: bool) -> tuple[list[Cell], list[str]]:
+    """Cells the experiment declares meaningless are dropped, each with a note naming the rule."""
+    kept, notes = [], []
+    for cell in cells:
+        reason = _excluded(cell.config, exclude)
+        if reason is None and drop_beyond_context:
+            limit = cell.config["model"].get("context_length")
             if limit is None:
                 from jbench.models.store import ModelError, resolve_model_file
 
                 try:
-                    meta = _model_meta(resolve_model_file(config["model"])[0])
+                    meta = _model_meta(resolve_model_file(cell.config["model"])[0])
                 except ModelError:
                     meta = None
                 limit = meta["context_length"] if meta else None
-            need = config["backend"].get("depth", 0) + config["backend"].get("n_prompt", 0) + config["backend"].get("n_gen", 0)
+            need = context_tokens(cell.config["backend"])
             if limit is not None and need > limit:
                 reason = f"drop_beyond_context: {need} tokens > the model's context length {limit}"
         if reason:
-            notes.append(f"dropped {label}: {reason}")
+            notes.append(f"dropped {cell.label}: {reason}")
         else:
-            kept.append((config, choices, point))
+            kept.append(cell)
+    return kept, notes
 
-    reserve = float(sweep_cfg.get("memory_reserve_gb", 1.0)) * 1e9
+
+def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], list[str]]:
+    """Trials for the cells, and every problem found without touching a device (names, values, backend
+    capabilities, model files, memory fit), each once with the trials it concerns."""
+    from jbench.backends.base import backend_class
+
     problems: dict[str, list[str]] = {}
     trials: list[Trial] = []
-    backends: dict[str, Any] = {}
-    for config, choices, point in kept:
-        h = config_hash(config)
-        trial = Trial(index=0, config=config, choices=choices, point=point, config_hash=h)
+    classes: dict[str, Any] = {}
+    for cell in cells:
+        config = cell.config
+        trial = Trial(index=0, config=config, choices=cell.choices, point=cell.point, config_hash=config_hash(config))
         name = config["backend"]["name"]
-        if name not in backends:
+        if name not in classes:
             try:
-                backends[name] = backend_class(name)
+                classes[name] = backend_class(name)
             except KeyError as exc:
-                backends[name] = str(exc.args[0])
-        cls = backends[name]
-        msgs = [cls] if isinstance(cls, str) else cls(config["backend"]).validate(trial)
-        if not isinstance(cls, str):
-            msgs += _capability_problems(cls, config)
+                classes[name] = str(exc.args[0])
+        cls = classes[name]
+        if isinstance(cls, str):
+            msgs = [cls]
+        else:
+            msgs = cls(config["backend"]).validate(trial) + _capability_problems(cls, config)
         if not msgs:
-            config["sweep_reserve_bytes"] = reserve
-            fit = memory_check(config)
-            del config["sweep_reserve_bytes"]
+            fit = memory_check(config, reserve_bytes)
             if fit:
                 msgs.append(fit)
         for msg in msgs:
             problems.setdefault(msg, []).append(trial.label)
         trials.append(trial)
-
-    ordered = _order(trials)
-    final: list[Trial] = []
-    for r in range(1, rounds + 1):
-        for t in ordered:
-            config = t.config
-            config = copy.deepcopy(t.config) if rounds > 1 else config
-            config["quality"] = {"max_cv": sweep_cfg.get("max_cv")}
-            if rounds > 1:
-                reps = t.config["backend"]["repetitions"]
-                config["backend"]["repetitions"] = max(1, -(-reps // rounds))
-                config["round"] = {"index": r, "of": rounds}
-            final.append(Trial(index=len(final) + 1, config=config, choices=t.choices, point=t.point,
-                               config_hash=t.config_hash))
     formatted = []
     for msg, labels in problems.items():
         where = labels[0] if len(labels) == 1 else f"{len(labels)} trials, e.g. {labels[0]}"
         formatted.append(f"{msg}  [{where}]")
+    return trials, formatted
+
+
+def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
+    """Number the trials in run order; with rounds > 1 the whole ordered sweep runs `rounds` times, each
+    pass with its share of the repetitions (the trial's identity is unchanged)."""
+    final: list[Trial] = []
+    for r in range(1, rounds + 1):
+        for t in trials:
+            config = t.config
+            if rounds > 1:
+                config = copy.deepcopy(t.config)
+                config["backend"]["repetitions"] = max(1, -(-t.config["backend"]["repetitions"] // rounds))
+            final.append(Trial(index=len(final) + 1, config=config, choices=t.choices, point=t.point,
+                               config_hash=t.config_hash, round=r, rounds=rounds))
+    return final
+
+
+def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
+    """expand -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the config as
+    a whole; problems of single trials are collected in Plan.problems."""
+    ex = expand(overrides, config_dirs, use_grid=use_grid)
+    kept, notes = drop(ex.cells, exclude=(ex.sweep.get("exclude") or []) if use_grid else [],
+                       drop_beyond_context=bool(ex.sweep.get("drop_beyond_context")) and use_grid)
+    trials, problems = validate(kept, reserve_bytes=float(ex.sweep.get("memory_reserve_gb", 1.0)) * 1e9)
+    rounds = max(1, int(ex.sweep.get("rounds", 1)))
+    final = replicate(order(trials), rounds)
     if not final and notes:
-        formatted.append("the grid is empty after dropping: " + "; ".join(notes))
-    return Plan(trials=final, problems=formatted, dims=dims, experiment=experiment, tracking=tracking,
-                overrides=list(overrides), notes=notes, rounds=rounds, sweep=sweep_cfg)
+        problems.append("the grid is empty after dropping: " + "; ".join(notes))
+    return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=ex.tracking,
+                overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep)
 
 
 def _capability_problems(cls, config: dict) -> list[str]:

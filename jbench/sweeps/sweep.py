@@ -1,0 +1,408 @@
+"""Run a validated plan: one MLflow parent run per sweep, one child run per trial.
+
+A Sweep owns what lives as long as the sweep: the device connections, their fingerprints and power
+strategies, one backend instance per backend config, the tracker. Each trial is a TrialContext passed
+through the stage list (jbench.sweeps.stages). A trial that fails (backend crash, unparseable output,
+timeout, missing file, lost connection after retries) becomes a FAILED run with its category and logs,
+and the sweep goes on. Ctrl-C marks the current trial and the sweep KILLED before re-raising; the power
+state of every device is restored whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import yaml
+
+from jbench import __version__, git_sha
+from jbench.backends.base import Backend, BackendError, backend_class
+from jbench.device.connect import connect
+from jbench.device.connection import Connection, ConnectionLost, DeviceError
+from jbench.device.fingerprint import host_fingerprint
+from jbench.device.jetson import jetson_fingerprint
+from jbench.device.power import PowerStateError, PowerStrategy
+from jbench.models.store import resolve_model_file
+from jbench.results import Category, Finding, Result, Status
+from jbench.sweeps.context import TrialContext, TrialLog, typed_config
+from jbench.sweeps.plan import Plan
+from jbench.sweeps.stages import Stage, default_stages
+from jbench.trial import Trial, flatten
+
+log = logging.getLogger("jbench")
+
+
+class PreflightError(Exception):
+    """Problems found on the devices before any trial ran; nothing was recorded."""
+
+
+@dataclass
+class TrialOutcome:
+    trial: Trial
+    status: Status
+    run_id: Optional[str] = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: Optional[str] = None
+    category: Optional[Category] = None
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)  # e.g. why energy was not measured
+    findings: list[Finding] = field(default_factory=list)
+    noisy: bool = False
+    retries: int = 0  # reconnections after a lost connection, inside this one run
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: str
+    experiment: str
+    parent_run_id: Optional[str]
+    tracking_uri: str
+    outcomes: list[TrialOutcome]
+    notes: list[str] = field(default_factory=list)  # trials dropped (plan rules, preflight)
+
+    @property
+    def failed(self) -> list[TrialOutcome]:
+        return [o for o in self.outcomes if o.status in (Status.FAILED, Status.KILLED)]
+
+
+def _failure(exc: Exception) -> tuple[Category, dict[str, str]]:
+    """The category of a stage's exception and the raw output it carries."""
+    if isinstance(exc, PowerStateError):
+        return Category.POWER_STATE, {}
+    if isinstance(exc, BackendError):
+        return Category(exc.category), {"raw/stdout.txt": exc.raw_output, "raw/stderr.txt": exc.raw_stderr}
+    if isinstance(exc, ConnectionLost):
+        return Category.CONNECTION_LOST, {}
+    return Category.DEVICE, {}
+
+
+_STAGE_ERRORS = (PowerStateError, BackendError, DeviceError)  # ConnectionLost is a DeviceError
+
+
+class Sweep:
+    """One sweep over a plan's trials; use `run()` (it always restores power states and closes connections)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        tracker_factory: Callable[[], Any],
+        *,
+        stages: Optional[list[Stage]] = None,
+        on_trial_start: Callable[[Trial], None] = lambda t: None,
+        on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
+    ):
+        self.plan = plan
+        self.tracker_factory = tracker_factory
+        self.stages = stages if stages is not None else default_stages()
+        self.on_trial_start = on_trial_start
+        self.on_trial_end = on_trial_end
+        self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.notes: list[str] = list(plan.notes)
+        self.connections: dict[str, Connection] = {}
+        self.fingerprints: dict[str, dict[str, str]] = {}
+        self.strategies: dict[str, PowerStrategy] = {}
+        self._backends: dict[str, Backend] = {}
+        self._saved: list[PowerStrategy] = []
+
+    # -- the whole sweep -------------------------------------------------------------------------
+
+    def run(self) -> SweepOutcome:
+        try:
+            trials = self.preflight()
+            self._save_power_states(trials)
+            return self._run_trials(trials)
+        finally:
+            self._restore_power_states()
+            for conn in self.connections.values():
+                conn.close()
+
+    def backend(self, trial: Trial) -> Backend:
+        """One backend instance per distinct backend config within the sweep."""
+        key = repr(sorted(trial.config["backend"].items()))
+        if key not in self._backends:
+            self._backends[key] = backend_class(trial.config["backend"]["name"])(trial.config["backend"])
+        return self._backends[key]
+
+    def preflight(self) -> list[Trial]:
+        """Reach every device and check every backend and power request before the first trial.
+
+        Returns the trials to run (sweep.skip_unavailable_backends drops those whose backend is missing,
+        with a note); raises PreflightError listing every problem found."""
+        problems: list[str] = []
+        checked: dict[tuple, list[str]] = {}  # one backend preflight per device and backend config
+        keep: list[Trial] = []
+
+        def problem(msg: str) -> None:
+            if msg not in problems:
+                problems.append(msg)
+
+        skip_unavailable = bool(self.plan.sweep.get("skip_unavailable_backends"))
+        for trial in self.plan.trials:
+            name = trial.config["device"]["name"]
+            if not self._open_device(trial.config["device"], problem):
+                continue
+            key = (name, repr(sorted(trial.config["backend"].items())))
+            if key not in checked:
+                checked[key] = self.backend(trial).preflight(self.connections[name])
+            msgs = checked[key]
+            if msgs and skip_unavailable:
+                note = (f"dropped {trial.label}: backend {trial.config['backend']['name']} not available on "
+                        f"'{name}': {msgs[0]}")
+                if note not in self.notes:
+                    self.notes.append(note)
+                continue
+            for msg in msgs:
+                problem(msg)
+            if trial.wants_power_control:
+                strategy = self.strategies.get(name)
+                if strategy is None:
+                    problem(f"trial {trial.label} sets power.* but device '{name}' has no Jetson profile "
+                            "(set device.profile)")
+                    continue
+                if trial.config["power"].get("mode") is not None:
+                    try:
+                        strategy.mode_id(trial.config["power"]["mode"])
+                    except DeviceError as exc:
+                        problem(str(exc))
+            keep.append(trial)
+        if not problems:
+            for name in dict.fromkeys(t.config["device"]["name"] for t in keep if t.wants_power_control):
+                try:
+                    self.strategies[name].check_sudo()
+                except DeviceError as exc:
+                    problem(str(exc))
+        if skip_unavailable and not keep and not problems:
+            problem("no backend of the sweep is available on the device: " + "; ".join(self.notes))
+        if problems:
+            raise PreflightError("\n".join(problems))
+        return keep
+
+    def _open_device(self, device: dict, problem: Callable[[str], None]) -> bool:
+        name = device["name"]
+        if name in self.connections:
+            return True
+        try:
+            conn = connect(device)
+        except DeviceError as exc:
+            problem(str(exc))
+            return False
+        self.connections[name] = conn
+        try:
+            self.fingerprints[name] = host_fingerprint(conn)
+            if device.get("profile"):
+                self.fingerprints[name].update(jetson_fingerprint(conn, device["paths"]))
+                self.strategies[name] = PowerStrategy(conn, device, log)
+        except DeviceError as exc:
+            problem(str(exc))
+            conn.close()
+            del self.connections[name]
+            return False
+        return True
+
+    def _save_power_states(self, trials: list[Trial]) -> None:
+        # A controller that died earlier may have left a device in a changed state: put it back first.
+        for strategy in self.strategies.values():
+            strategy.recover_leftover()
+        for name in dict.fromkeys(t.config["device"]["name"] for t in trials if t.wants_power_control):
+            self.strategies[name].save_original()
+            self._saved.append(self.strategies[name])
+
+    def _restore_power_states(self) -> None:
+        for strategy in self._saved:
+            try:
+                strategy.log = log
+                if not strategy.restore(allow_reboot=True):
+                    log.error("the power state of %s was not fully restored; jbench will retry at its next start",
+                              strategy.conn.name)
+            except Exception as exc:  # keep restoring the other devices
+                log.error("restoring the power state of %s failed: %s", strategy.conn.name, exc)
+        self._saved.clear()
+
+    def _run_trials(self, trials: list[Trial]) -> SweepOutcome:
+        from jbench.tracking.reader import finished_trials
+
+        plan, sweep = self.plan, self.plan.sweep
+        tracker = self.tracker_factory()
+        exp_name = plan.tracking.get("experiment_name") or plan.experiment
+        exp_id = tracker.experiment_id(exp_name)
+        common_tags = {"jbench.sweep_id": self.sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha()}
+        parent = tracker.start_run(
+            exp_id, f"sweep {self.sweep_id}",
+            params={"sweep.overrides": " ".join(plan.overrides), "sweep.n_trials": len(trials),
+                    **{f"sweep.dim.{k}": v for k, v in plan.dims.items()}},
+            tags={**common_tags, "jbench.kind": "sweep", "jbench.experiment": plan.experiment},
+        )
+        done = {} if sweep.get("rerun") else finished_trials(tracker, exp_name)
+        ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
+        outcomes: list[TrialOutcome] = []
+        current: dict[str, Optional[TrialOutcome]] = {"trial": None}
+        recorder = _Recorder(tracker, exp_id, parent, common_tags)
+        try:
+            for trial in trials:
+                self.on_trial_start(trial)
+                outcome = _skipped(trial, done, ooms)
+                if outcome is None:
+                    runs = 2 if sweep.get("rerun_noisy") else 1
+                    for attempt in range(runs):
+                        current["trial"] = outcome = TrialOutcome(trial, Status.RUNNING)
+                        self._run_trial(trial, outcome, recorder)
+                        if not (outcome.status == Status.FINISHED and outcome.noisy) or attempt == runs - 1:
+                            break
+                        log.info("trial %d is noisy (CV over sweep.max_cv): running it once more", trial.index)
+                        outcomes.append(outcome)
+                    current["trial"] = None
+                    if outcome.category == Category.OUT_OF_MEMORY:
+                        ooms.append((_oom_key(trial), trial.context_tokens, outcome.run_id or ""))
+                outcomes.append(outcome)
+                self.on_trial_end(outcome)
+        except KeyboardInterrupt:
+            running = current["trial"]
+            if running is not None and running.run_id:
+                tracker.log(running.run_id, tags={"jbench.status": "KILLED",
+                                                  "jbench.failure_reason": "interrupted (Ctrl-C)"})
+                tracker.end_run(running.run_id, "KILLED")
+                running.status = Status.KILLED
+                outcomes.append(running)
+            tracker.log(parent, tags={"jbench.status": "KILLED"})
+            tracker.end_run(parent, "KILLED")
+            raise
+        n_failed = sum(o.status == Status.FAILED for o in outcomes)
+        n_skipped = sum(o.status == Status.SKIPPED for o in outcomes)
+        tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.skipped_trials": n_skipped,
+                                  "jbench.finished_trials": len(outcomes) - n_failed - n_skipped,
+                                  **({"jbench.dropped": "; ".join(self.notes)[:5000]} if self.notes else {})})
+        tracker.end_run(parent, "FAILED" if n_failed else "FINISHED")
+        return SweepOutcome(self.sweep_id, exp_name, parent, tracker.uri, outcomes, self.notes)
+
+    # -- one trial --------------------------------------------------------------------------------
+
+    def _run_trial(self, trial: Trial, outcome: TrialOutcome, recorder: "_Recorder") -> None:
+        """The trial's stages inside one run; a lost connection is retried in the same run with backoff
+        (1, 2, 4 ... s) before the trial counts as failed."""
+        dev_name = trial.config["device"]["name"]
+        conn = self.connections[dev_name]
+        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name])
+        tlog = TrialLog(trial)
+        started = time.monotonic()
+        tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
+        retries = int(self.plan.sweep.get("connection_retries", 3))
+        cfg = typed_config(trial.config)
+        artifacts = {"config.yaml": yaml.safe_dump(trial.config, sort_keys=False)}
+        while True:
+            ctx = TrialContext(trial, cfg, conn, self.backend(trial), self.strategies.get(dev_name), tlog.logger,
+                               max_cv=self.plan.sweep.get("max_cv"))
+            try:
+                for stage in self.stages:
+                    if stage.applies(ctx):
+                        stage.run(ctx)
+            except _STAGE_ERRORS as exc:
+                category, raw = _failure(exc)
+                if category == Category.CONNECTION_LOST and outcome.retries < retries:
+                    outcome.retries += 1
+                    delay = 2 ** (outcome.retries - 1)
+                    tlog.logger.warning("connection lost (%s); reconnecting in %d s (retry %d of %d)", exc, delay,
+                                        outcome.retries, retries)
+                    time.sleep(delay)
+                    try:
+                        conn.reconnect(60)
+                    except DeviceError as again:
+                        tlog.logger.warning("reconnect failed: %s", again)
+                    continue
+                outcome.status, outcome.error, outcome.category = Status.FAILED, str(exc), category
+                tlog.logger.error("FAILED (%s): %s", category, exc)
+                artifacts.update(ctx.record.artifacts)
+                artifacts.update(raw)
+                break
+            outcome.status = Status.FINISHED
+            record = ctx.record
+            record.metrics["trial_wall_s"] = time.monotonic() - started
+            outcome.metrics, outcome.findings, outcome.noisy = record.metrics, record.findings, ctx.noisy
+            outcome.notes = ctx.notes
+            for f in record.findings:
+                tlog.logger.warning("finding %s: %s", f.code, f.message)
+            tlog.logger.info("FINISHED: %s", ", ".join(f"{k}={v:.4g}" for k, v in record.metrics.items()
+                                                        if k.endswith("_tps")))
+            recorder.measured(outcome.run_id, record)
+            artifacts.update(record.artifacts)
+            break
+        outcome.wall_s = time.monotonic() - started
+        artifacts["trial.log"] = tlog.text()
+        tlog.close()
+        recorder.finish(outcome, artifacts)
+
+
+class _Recorder:
+    """How a trial's run is written to the tracker (the only place that knows the run's layout)."""
+
+    def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str]):
+        self.tracker, self.exp_id, self.parent, self.common_tags = tracker, exp_id, parent, common_tags
+
+    def start(self, trial: Trial, fingerprint: dict[str, str]) -> str:
+        cfg = trial.config
+        params = flatten(cfg)
+        params.update({f"choice.{k}": v for k, v in trial.choices.items()})
+        tags = {
+            **self.common_tags, **fingerprint,
+            "jbench.kind": "trial",
+            "jbench.config_hash": trial.config_hash,
+            "jbench.trial_index": trial.index,
+            "jbench.trial_label": trial.label,
+            "device.name": cfg["device"]["name"],
+            "backend.name": cfg["backend"]["name"],
+            "model.name": cfg["model"]["name"],
+            "model.quant": cfg["model"]["quant"],
+        }
+        if trial.rounds > 1:
+            tags["jbench.round"] = trial.round
+        try:
+            _, model_facts = resolve_model_file(cfg["model"])
+            tags.update(model_facts)
+        except Exception:  # the backend reports a missing model as the trial's failure
+            pass
+        return self.tracker.start_run(self.exp_id, f"{trial.index:03d} {trial.label}", parent_run_id=self.parent,
+                                      params=params, tags=tags)
+
+    def measured(self, run_id: str, record: Result) -> None:
+        tags = dict(record.tags)
+        tags.update({f"finding.{f.code}": f.message for f in record.findings})
+        self.tracker.log(run_id, metrics=record.metrics, stepped=record.stepped, tags=tags)
+        if record.series:
+            self.tracker.log_series(run_id, record.series)
+        if record.findings:
+            import json
+
+            record.artifacts["findings.json"] = json.dumps([f.as_dict() for f in record.findings], indent=2,
+                                                           default=str)
+
+    def finish(self, outcome: TrialOutcome, artifacts: dict[str, str]) -> None:
+        tags: dict[str, Any] = {"jbench.status": str(outcome.status)}
+        if outcome.retries:
+            tags["jbench.retries"] = outcome.retries
+        if outcome.error:
+            tags.update({"jbench.failure_reason": outcome.error[:5000], "jbench.failure_category": str(outcome.category)})
+        self.tracker.log(outcome.run_id, tags=tags)
+        self.tracker.log_texts(outcome.run_id, {k: v for k, v in artifacts.items() if v})
+        self.tracker.end_run(outcome.run_id, str(outcome.status))
+
+
+def _oom_key(trial: Trial) -> tuple:
+    b, m = trial.config["backend"], trial.config["model"]
+    return (trial.config["device"]["name"], m["name"], m["quant"], b.get("cache_type_k"), b.get("cache_type_v"))
+
+
+def _skipped(trial: Trial, done: dict[str, dict], ooms: list[tuple[tuple, int, str]]) -> Optional[TrialOutcome]:
+    """A trial that need not run: already FINISHED in the experiment (resume), or a larger context of a
+    model and KV type that already ran out of memory on the device."""
+    if trial.resume_key in done:
+        return TrialOutcome(trial, Status.SKIPPED, run_id=done[trial.resume_key]["run_id"],
+                            error="already FINISHED in this experiment (sweep.rerun=true runs it again)",
+                            category=Category.RESUMED)
+    for key, context, run_id in ooms:
+        if key == _oom_key(trial) and trial.context_tokens >= context:
+            return TrialOutcome(trial, Status.SKIPPED, category=Category.OOM_SKIP,
+                                error=(f"skipped: the same model and KV type ran out of memory at context {context} "
+                                       f"(run {run_id[:12]}); this trial needs {trial.context_tokens}"))
+    return None
