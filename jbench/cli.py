@@ -189,10 +189,13 @@ def _execute(plan_, dry_run: bool) -> None:
             for finding in outcome.findings:
                 progress.console.print(f"[yellow]trial {outcome.trial.index} finding:[/] {finding.message}",
                                        highlight=False)
-            if outcome.status != "FINISHED":
+            if outcome.status == "FAILED":
                 progress.console.print(
                     f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {outcome.error}", highlight=False
                 )
+            elif outcome.status == "SKIPPED":
+                progress.console.print(f"[cyan]trial {outcome.trial.index} skipped[/] ({outcome.category}): "
+                                       f"{outcome.error}", highlight=False)
 
         try:
             result = Sweep(plan_, tracker, on_trial_start=start, on_trial_end=end).run()

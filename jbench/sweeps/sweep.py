@@ -110,10 +110,23 @@ class Sweep:
     # -- the whole sweep -------------------------------------------------------------------------
 
     def run(self) -> SweepOutcome:
+        from jbench.tracking.reader import finished_trials
+
+        tracker = self.tracker_factory()
+        exp_name = self.plan.tracking.get("experiment_name") or self.plan.experiment
+        done = {} if self.plan.sweep.get("rerun") else finished_trials(tracker, exp_name)
+        if all(t.resume_key in done for t in self.plan.trials):
+            # Nothing to do: no device is touched and no empty sweep run is recorded.
+            outcomes = [_skipped(t, done, []) for t in self.plan.trials]
+            for outcome in outcomes:
+                self.on_trial_end(outcome)
+            return SweepOutcome(self.sweep_id, exp_name, None, tracker.uri, outcomes, self.notes)
         try:
-            trials = self.preflight()
-            self._save_power_states(trials)
-            return self._run_trials(trials)
+            runnable = self.preflight([t for t in self.plan.trials if t.resume_key not in done])
+            self._save_power_states(runnable)
+            kept = {id(t) for t in runnable}
+            return self._run_trials([t for t in self.plan.trials if t.resume_key in done or id(t) in kept],
+                                    tracker, exp_name, done)
         finally:
             self._restore_power_states()
             for conn in self.connections.values():
@@ -126,7 +139,7 @@ class Sweep:
             self._backends[key] = backend_class(trial.config["backend"]["name"])(trial.config["backend"])
         return self._backends[key]
 
-    def preflight(self) -> list[Trial]:
+    def preflight(self, trials: list[Trial]) -> list[Trial]:
         """Reach every device and check every backend and power request before the first trial.
 
         Returns the trials to run (sweep.skip_unavailable_backends drops those whose backend is missing,
@@ -140,7 +153,7 @@ class Sweep:
                 problems.append(msg)
 
         skip_unavailable = bool(self.plan.sweep.get("skip_unavailable_backends"))
-        for trial in self.plan.trials:
+        for trial in trials:
             name = trial.config["device"]["name"]
             if not self._open_device(trial.config["device"], problem):
                 continue
@@ -221,12 +234,8 @@ class Sweep:
                 log.error("restoring the power state of %s failed: %s", strategy.conn.name, exc)
         self._saved.clear()
 
-    def _run_trials(self, trials: list[Trial]) -> SweepOutcome:
-        from jbench.tracking.reader import finished_trials
-
+    def _run_trials(self, trials: list[Trial], tracker: Any, exp_name: str, done: dict[str, dict]) -> SweepOutcome:
         plan, sweep = self.plan, self.plan.sweep
-        tracker = self.tracker_factory()
-        exp_name = plan.tracking.get("experiment_name") or plan.experiment
         exp_id = tracker.experiment_id(exp_name)
         common_tags = {"jbench.sweep_id": self.sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha()}
         parent = tracker.start_run(
@@ -235,7 +244,6 @@ class Sweep:
                     **{f"sweep.dim.{k}": v for k, v in plan.dims.items()}},
             tags={**common_tags, "jbench.kind": "sweep", "jbench.experiment": plan.experiment},
         )
-        done = {} if sweep.get("rerun") else finished_trials(tracker, exp_name)
         ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
         outcomes: list[TrialOutcome] = []
         current: dict[str, Optional[TrialOutcome]] = {"trial": None}
