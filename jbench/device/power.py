@@ -255,14 +255,13 @@ class PowerStrategy:
         return res.stdout.strip()
 
     def _wait_for_new_boot(self, boot_before: str, timeout_s: float) -> None:
-        reconnect = getattr(self.conn, "reconnect", None)
-        if reconnect is None:
-            raise PowerStateError(f"'{self.conn.name}' cannot be reconnected after a reboot")
+        if self.conn.is_local:
+            raise PowerStateError(f"'{self.conn.name}' is this machine: jbench cannot wait for its own reboot")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             time.sleep(1.0)
             try:
-                reconnect(max(1.0, deadline - time.monotonic()))
+                self.conn.reconnect(max(1.0, deadline - time.monotonic()))
             except DeviceError as exc:
                 raise PowerStateError(f"'{self.conn.name}' did not come back within {timeout_s:g} s after the reboot: {exc}") from None
             try:

@@ -403,6 +403,7 @@ def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], l
             msgs = [cls]
         else:
             msgs = cls(config["backend"]).validate(trial) + _capability_problems(cls, config)
+        msgs += _registered_names_problems(config)
         if not msgs:
             fit = memory_check(config, reserve_bytes)
             if fit:
@@ -445,6 +446,17 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         problems.append("the grid is empty after dropping: " + "; ".join(notes))
     return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=ex.tracking,
                 overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep)
+
+
+def _registered_names_problems(config: dict) -> list[str]:
+    """Names that select a plug-in (telemetry.source) must name a registered one."""
+    from jbench import registry
+
+    source = (config.get("telemetry") or {}).get("source")
+    sources = registry.targets(registry.SAMPLERS)
+    if source is not None and source not in sources:
+        return [f"unknown telemetry.source '{source}'. Valid sources: {', '.join(sorted(sources))}"]
+    return []
 
 
 def _capability_problems(cls, config: dict) -> list[str]:

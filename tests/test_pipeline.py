@@ -1,0 +1,187 @@
+"""The trial pipeline: plug-ins found through entry points, stages in order, failures as categories,
+retries inside one run. Unit tests: no llama.cpp run, a local device, a tracker that records calls."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from jbench import registry
+from jbench.backends.base import BackendError
+from jbench.device.connection import ConnectionLost
+from jbench.device.local import LocalConnection
+from jbench.results import BackendResult, Category, Finding, PhaseResult, Result, Status
+from jbench.sweeps import sweep as sweep_module
+from jbench.sweeps.analyses import Noise, PhaseSpeed, Roofline
+from jbench.sweeps.plan import plan
+from jbench.sweeps.stages import Measure, PowerState, Stage, ThermalGate, default_stages
+from jbench.sweeps.sweep import Sweep
+
+
+@pytest.fixture
+def plugin_package(tmp_path, monkeypatch):
+    """A user's package that adds an analysis and a telemetry source the way a real one does: an
+    installed distribution's entry_points.txt, found by importlib.metadata on sys.path."""
+    (tmp_path / "my_checks.py").write_text(textwrap.dedent('''
+        from jbench.results import Result
+        from jbench.sweeps.stages import Stage
+        from jbench.device.telemetry.samplers import NoSampler
+
+        class TokensPerWatt(Stage):
+            NAME = "tokens_per_watt"
+            def run(self, ctx):
+                ctx.record.merge(Result(tags={"my_checks.seen": ctx.trial.label}))
+
+        def silent(conn, device, profile, interval_ms):
+            return NoSampler("my_checks: a source that never samples")
+    '''))
+    dist = tmp_path / "my_checks-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-checks\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[jbench.analyses]\ntokens_per_watt = my_checks:TokensPerWatt\n\n"
+        "[jbench.samplers]\nsilent = my_checks:silent\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.targets.cache_clear()
+    yield
+    registry.targets.cache_clear()
+    sys.modules.pop("my_checks", None)
+
+
+def test_default_stages_are_power_gate_measure_then_registered_analyses():
+    kinds = [type(s) for s in default_stages()]
+    assert kinds[:3] == [PowerState, ThermalGate, Measure]
+    assert kinds[3:6] == [PhaseSpeed, Roofline, Noise]
+
+
+def test_a_users_package_adds_an_analysis_and_a_telemetry_source(plugin_package):
+    stages = default_stages()
+    assert type(stages[-1]).__name__ == "TokensPerWatt"  # after every built-in analysis
+    from jbench.device.telemetry.sources import make_sampler
+
+    sampler = make_sampler("silent", LocalConnection(), {"name": "local"}, None, 100)
+    assert sampler.problem == "my_checks: a source that never samples"
+    assert plan(["telemetry.source=silent"], use_grid=False).problems == []
+
+
+def test_an_unknown_telemetry_source_is_refused_at_planning_with_the_valid_names():
+    problems = plan(["telemetry.source=bogus"], use_grid=False).problems
+    assert len(problems) == 1 and "unknown telemetry.source 'bogus'" in problems[0]
+    assert "tegrastats" in problems[0] and "nvml" in problems[0]
+
+
+class _Tracker:
+    """Records what the sweep writes, as MLflow would keep it."""
+
+    uri = "memory://"
+
+    def __init__(self):
+        self.runs: dict[str, dict] = {}
+
+    def experiment_id(self, name):
+        return "1"
+
+    def start_run(self, exp_id, name, *, parent_run_id=None, params=None, tags=None):
+        run_id = f"run{len(self.runs)}"
+        self.runs[run_id] = {"name": name, "parent": parent_run_id, "params": dict(params or {}),
+                             "tags": dict(tags or {}), "metrics": {}, "files": {}, "status": "RUNNING"}
+        return run_id
+
+    def log(self, run_id, *, params=None, tags=None, metrics=None, stepped=None):
+        self.runs[run_id]["tags"].update(tags or {})
+        self.runs[run_id]["metrics"].update(metrics or {})
+
+    def log_series(self, run_id, series):
+        pass
+
+    def log_texts(self, run_id, files):
+        self.runs[run_id]["files"].update(files)
+
+    def end_run(self, run_id, status):
+        self.runs[run_id]["status"] = status
+
+
+class _Scripted(Stage):
+    """A measure stage that plays a script: exceptions to raise, then a result."""
+
+    NAME = "scripted"
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.calls = 0
+
+    def run(self, ctx):
+        self.calls += 1
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        ctx.backend_result = BackendResult(phases={"decode": PhaseResult("decode", 16, [100_000_000] * 3)},
+                                           raw_output="raw", findings=[Finding("slow", "it is slow")])
+        ctx.record.merge(Result(artifacts={"raw/stdout.txt": "raw"}, findings=list(ctx.backend_result.findings)))
+
+
+def _sweep(stages, monkeypatch, **sweep_overrides):
+    monkeypatch.setattr(sweep_module, "finished_trials", lambda *a: {}, raising=False)
+    monkeypatch.setattr("jbench.tracking.reader.finished_trials", lambda *a: {})
+    monkeypatch.setattr(sweep_module.time, "sleep", lambda s: None)
+    p = plan(["telemetry.source=none", "model.quant=Q4_0"] +
+             [f"sweep.{k}={v}" for k, v in sweep_overrides.items()], use_grid=False)
+    tracker = _Tracker()
+    s = Sweep(p, lambda: tracker, stages=stages)
+    # The device part of preflight, without the backend's binary checks (no llama.cpp here).
+    s.connections["local"], s.fingerprints["local"] = LocalConnection(), {}
+    monkeypatch.setattr(s, "preflight", lambda trials: trials)
+    return s, tracker
+
+
+def test_a_lost_connection_is_retried_inside_one_run(monkeypatch):
+    measure = _Scripted([ConnectionLost("link down"), ConnectionLost("link down"), "ok"])
+    s, tracker = _sweep([measure, PhaseSpeed()], monkeypatch)
+    outcome = s.run().outcomes[0]
+    assert measure.calls == 3
+    assert outcome.status == Status.FINISHED and outcome.retries == 2
+    trial_runs = [r for r in tracker.runs.values() if r["parent"]]
+    assert len(trial_runs) == 1, "a retried trial is one run, not a FAILED run plus a FINISHED one"
+    run = trial_runs[0]
+    assert run["status"] == "FINISHED" and run["tags"]["jbench.retries"] == 2
+    assert run["metrics"]["decode_tps"] == pytest.approx(160.0)
+    assert run["tags"]["finding.slow"] == "it is slow" and "findings.json" in run["files"]
+
+
+def test_connection_retries_run_out_into_one_failed_run(monkeypatch):
+    measure = _Scripted([ConnectionLost("gone")] * 3)
+    s, tracker = _sweep([measure], monkeypatch, connection_retries=2)
+    outcome = s.run().outcomes[0]
+    assert measure.calls == 3 and outcome.status == Status.FAILED
+    assert outcome.category == Category.CONNECTION_LOST
+    run = next(r for r in tracker.runs.values() if r["parent"])
+    assert run["status"] == "FAILED" and run["tags"]["jbench.failure_category"] == "connection_lost"
+
+
+@pytest.mark.parametrize("exc, category", [
+    (BackendError("out_of_memory", "cudaMalloc failed", raw_output="o", raw_stderr="e"), Category.OUT_OF_MEMORY),
+    (BackendError("unparseable_output", "no JSON record", raw_output="garbage"), Category.UNPARSEABLE_OUTPUT),
+])
+def test_a_stage_failure_is_a_failed_run_with_its_category_and_raw_output(monkeypatch, exc, category):
+    later = _Scripted(["ok"])
+    s, tracker = _sweep([_Scripted([exc]), later], monkeypatch)
+    outcome = s.run().outcomes[0]
+    assert outcome.status == Status.FAILED and outcome.category == category
+    assert later.calls == 0, "stages after a failure do not run"
+    run = next(r for r in tracker.runs.values() if r["parent"])
+    assert run["files"]["raw/stdout.txt"] == exc.raw_output
+    assert "trial.log" in run["files"] and "config.yaml" in run["files"]
+
+
+def test_noise_stage_marks_a_trial_whose_cv_is_over_the_limit(monkeypatch):
+    class Jittery(_Scripted):
+        def run(self, ctx):
+            ctx.backend_result = BackendResult(phases={"decode": PhaseResult("decode", 16, [80e6, 120e6, 100e6])})
+
+    s, tracker = _sweep([Jittery(["ok"]), PhaseSpeed(), Noise()], monkeypatch, max_cv=0.05)
+    outcome = s.run().outcomes[0]
+    assert outcome.noisy
+    run = next(r for r in tracker.runs.values() if r["parent"])
+    assert run["tags"]["jbench.noisy"] == "true" and "decode_tps_cv" in run["tags"]["jbench.noisy_reason"]
