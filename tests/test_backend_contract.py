@@ -21,7 +21,8 @@ from typing import Callable
 
 import pytest
 
-from jbench.backends.base import Backend, BackendError, Capabilities, _targets, backend_class
+from jbench import registry
+from jbench.backends.base import Backend, BackendError, Capabilities, backend_class
 from jbench.config import ConfigError, compose
 from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
@@ -32,7 +33,7 @@ ENGINE = HERE / "fixtures" / "engine" / "stand_in_engine.py"
 TRT = HERE / "fixtures" / "trtllm"
 UNPARSEABLE_LLAMACPP = HERE / "fixtures" / "unparseable_llamacpp"
 
-REGISTERED = sorted(_targets())
+REGISTERED = sorted(registry.targets(registry.BACKENDS))
 # Keys every backend's config has, so the same sweep knobs and metric definitions apply to all.
 COMMON_KEYS = ("name", "n_prompt", "n_gen", "depth", "repetitions", "timeout_s")
 
