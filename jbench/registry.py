@@ -1,9 +1,9 @@
-"""Plug-in registries: backends, telemetry samplers and per-trial analyses are found the same way.
+"""Plug-in registries: backends, telemetry sources and per-trial analyses are found the same way.
 
-Each kind has an entry-point group (`jbench.backends`, `jbench.samplers`, `jbench.analyses`) and a
-table of built-ins. A user's package adds one by declaring an entry point in its own pyproject.toml,
-e.g. `[project.entry-points."jbench.analyses"] my_check = "my_pkg.checks:MyCheck"`; no jbench edit.
-Built-ins are listed here too so that a source checkout works without an installed wheel.
+Each kind is an entry-point group (`jbench.backends`, `jbench.samplers`, `jbench.analyses`). jbench's own
+plug-ins are declared in its pyproject.toml exactly like a user's: a user's package adds one with an entry
+point in its own pyproject.toml, e.g. `[project.entry-points."jbench.analyses"] my_check =
+"my_pkg.checks:MyCheck"`, and no jbench file changes. There is no second, hard-coded list.
 """
 
 from __future__ import annotations
@@ -17,36 +17,17 @@ BACKENDS = "jbench.backends"
 SAMPLERS = "jbench.samplers"
 ANALYSES = "jbench.analyses"
 
-BUILTIN: dict[str, dict[str, str]] = {
-    BACKENDS: {
-        "llamacpp": "jbench.backends.llamacpp.backend:LlamaCppBackend",
-        "engine": "jbench.backends.engine.backend:EngineBackend",
-        "trtllm": "jbench.backends.trtllm.backend:TrtllmBackend",
-    },
-    SAMPLERS: {
-        "none": "jbench.device.telemetry.sources:no_telemetry",
-        "tegrastats": "jbench.device.telemetry.sources:tegrastats",
-        "sysfs": "jbench.device.telemetry.sources:sysfs",
-        "jtop": "jbench.device.telemetry.sources:jtop",
-        "nvml": "jbench.device.telemetry.sources:nvml",
-        "auto": "jbench.device.telemetry.sources:auto",
-    },
-    # Run in this order after every measured trial (each a jbench.sweeps.stages.Stage).
-    ANALYSES: {
-        "phase_speed": "jbench.sweeps.analyses:PhaseSpeed",
-        "roofline": "jbench.sweeps.analyses:Roofline",
-        "noise": "jbench.sweeps.analyses:Noise",
-    },
-}
-
-
 @lru_cache(maxsize=None)
 def targets(group: str) -> dict[str, str]:
-    """name -> "module:attribute" for a group: built-ins first, then installed entry points
-    (an entry point cannot replace a built-in of the same name)."""
-    out = dict(BUILTIN.get(group, {}))
-    for ep in entry_points(group=group):
+    """name -> "module:attribute" of every installed entry point of a group (jbench's own first: a
+    plug-in cannot replace a built-in of the same name)."""
+    eps = sorted(entry_points(group=group), key=lambda ep: (ep.value.split(".", 1)[0] != "jbench", ep.name))
+    out: dict[str, str] = {}
+    for ep in eps:
         out.setdefault(ep.name, ep.value)
+    if not out and group in (BACKENDS, SAMPLERS):
+        raise RuntimeError(f"no {group} entry points found: jbench is not installed in this Python "
+                           "(run `make install` or `pip install -e .` in the checkout)")
     return out
 
 

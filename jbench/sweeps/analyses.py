@@ -35,6 +35,7 @@ class PhaseSpeed(Stage):
     """Mean, spread and confidence interval of each phase's tok/s over the repetitions."""
 
     NAME = "phase_speed"
+    ORDER = 10
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -47,6 +48,7 @@ class Roofline(Stage):
     """Decode speed against the bandwidth ceiling of the model's bytes per token."""
 
     NAME = "roofline"
+    ORDER = 20
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -60,6 +62,7 @@ class Noise(Stage):
     """A rate whose coefficient of variation is above sweep.max_cv marks the trial noisy."""
 
     NAME = "noise"
+    ORDER = 30
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.max_cv is not None

@@ -20,6 +20,9 @@ from jbench.sweeps.measure import measure
 
 class Stage(ABC):
     NAME: ClassVar[str]
+    # Registered analyses run in ascending ORDER (then by name): a later one may read what earlier ones
+    # added to ctx.record (the noise check reads the phase CVs).
+    ORDER: ClassVar[int] = 100
 
     def applies(self, ctx: TrialContext) -> bool:
         """False skips the stage for this trial (e.g. no power control asked for)."""
@@ -84,8 +87,7 @@ class Measure(Stage):
 
 def default_stages() -> list[Stage]:
     """The stage list of every trial: the fixed device and measurement stages, then every registered
-    analysis in registration order (built-ins first)."""
-    stages: list[Stage] = [PowerState(), ThermalGate(), Measure()]
-    for name in registry.targets(registry.ANALYSES):
-        stages.append(registry.load(registry.ANALYSES, name)())
-    return stages
+    analysis by ORDER."""
+    analyses = [registry.load(registry.ANALYSES, name) for name in registry.targets(registry.ANALYSES)]
+    analyses.sort(key=lambda cls: (cls.ORDER, cls.NAME))
+    return [PowerState(), ThermalGate(), Measure(), *(cls() for cls in analyses)]
