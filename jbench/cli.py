@@ -110,11 +110,11 @@ def _sigterm_as_interrupt() -> None:
 
 def _history(plan_) -> dict:
     """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
-    from jbench.tracking.common import resolve_uri
+    from jbench.tracking.common import resolve_uri, store_exists
     from jbench.tracking.reader import finished_trials
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
-    if uri.startswith("sqlite:") and not Path(uri[len("sqlite:///"):]).exists():
+    if not store_exists(uri):
         return {}
     try:
         return finished_trials(uri, plan_.tracking.get("experiment_name") or plan_.experiment)

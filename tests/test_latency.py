@@ -380,4 +380,4 @@ def test_latency_scenario_over_ssh_tunnel(llama_build, bundled_model, orin_nano)
         assert_server_gone(lines.lines, result.command)  # same machine: the device's pid and port are ours
     rows = records(result)
     assert len(rows) == 2 and all(r["output_tokens"] == 4 and r["prompt_tokens"] == 8 for r in rows)
-    assert result.extra_metrics["ttft_ms_p50"] > 0 and result.extra_metrics["e2e_ms_p50"] >= result.extra_metrics["ttft_ms_p50"]
+    assert result.metrics["ttft_ms_p50"] > 0 and result.metrics["e2e_ms_p50"] >= result.metrics["ttft_ms_p50"]

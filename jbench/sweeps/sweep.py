@@ -110,19 +110,21 @@ class Sweep:
     # -- the whole sweep -------------------------------------------------------------------------
 
     def run(self) -> SweepOutcome:
+        from jbench.tracking.common import resolve_uri, store_exists
         from jbench.tracking.reader import finished_trials
 
-        tracker = self.tracker_factory()
+        uri = resolve_uri(self.plan.tracking.get("uri"), self.plan.tracking["results_dir"])
         exp_name = self.plan.tracking.get("experiment_name") or self.plan.experiment
-        done = {} if self.plan.sweep.get("rerun") else finished_trials(tracker, exp_name)
+        done = {} if self.plan.sweep.get("rerun") or not store_exists(uri) else finished_trials(uri, exp_name)
         if all(t.resume_key in done for t in self.plan.trials):
             # Nothing to do: no device is touched and no empty sweep run is recorded.
             outcomes = [_skipped(t, done, []) for t in self.plan.trials]
             for outcome in outcomes:
                 self.on_trial_end(outcome)
-            return SweepOutcome(self.sweep_id, exp_name, None, tracker.uri, outcomes, self.notes)
+            return SweepOutcome(self.sweep_id, exp_name, None, uri, outcomes, self.notes)
         try:
             runnable = self.preflight([t for t in self.plan.trials if t.resume_key not in done])
+            tracker = self.tracker_factory()  # the store is created only once the devices are ready
             self._save_power_states(runnable)
             kept = {id(t) for t in runnable}
             return self._run_trials([t for t in self.plan.trials if t.resume_key in done or id(t) in kept],

@@ -48,3 +48,16 @@ def _finite(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
 
+
+def store_exists(uri: str) -> bool:
+    """False for a local SQLite or file store that was never created (reading must not create one);
+    True for anything else (a server is asked, not guessed)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).exists()
+    if uri.startswith("file:"):
+        from urllib.parse import urlparse
+
+        return Path(urlparse(uri).path).exists()
+    if "://" not in uri:
+        return Path(uri).exists()
+    return True
