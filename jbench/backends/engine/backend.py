@@ -30,7 +30,7 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -415,7 +415,7 @@ class EngineBackend(Backend):
         log.info("engine (%s) exited %d after %.2f s", what, res.returncode, res.duration_s)
         if res.returncode != 0:
             tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
+            category = "out_of_memory" if looks_oom(res.stderr, res.returncode) else "backend_crash"
             raise BackendError(category, f"engine exited with code {res.returncode} ({what}): {tail}",
                                res.stdout, res.stderr)
         return res
@@ -625,12 +625,6 @@ def _patterns(cfg: dict) -> LogPatterns:
     patterns = LogPatterns(**{k: str(v) for k, v in given.items()})
     patterns.compiled()
     return patterns
-
-
-def _looks_oom(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc",
-                                   "cudaerrormemoryallocation"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.trial import BackendResult, Trial
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -240,7 +240,7 @@ class LlamaCppBackend(Backend):
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
         if res.returncode != 0:
             tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
+            category = "out_of_memory" if looks_oom(res.stderr, res.returncode) else "backend_crash"
             raise BackendError(
                 category, f"llama-bench exited with code {res.returncode}: {tail}", res.stdout, res.stderr
             )
@@ -285,11 +285,6 @@ class LlamaCppBackend(Backend):
         return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
                              info=info, command=run.argv, extra_metrics=extra)
-
-
-def _looks_oom(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc"))
 
 
 def binary_path(bin_dir: str, name: str) -> Path:

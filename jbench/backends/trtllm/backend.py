@@ -44,7 +44,7 @@ from typing import Any, List, Optional
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities
+from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
@@ -377,7 +377,7 @@ class TrtllmBackend(Backend):
         res = self._run(conn, argv, cfg["build_timeout_s"], "trtllm-build")
         if res.returncode != 0:
             tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr + res.stdout) else "backend_crash"
+            category = "out_of_memory" if looks_oom(res.stderr + "\n" + res.stdout, res.returncode) else "backend_crash"
             raise BackendError(category, f"trtllm-build exited with code {res.returncode}: {tail}", res.stdout, res.stderr)
         manifest = {"key": key, "fields": key_fields, "command": argv, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_s": round(time.monotonic() - started, 3), "jbench": "trtllm backend"}
@@ -506,7 +506,7 @@ class TrtllmBackend(Backend):
             raw, raw_err = "\n".join(outputs), "\n".join(errors)
             if res.returncode != 0:
                 tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-                category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
+                category = "out_of_memory" if looks_oom(res.stderr + "\n" + res.stdout, res.returncode) else "backend_crash"
                 tool = posixpath.basename(argv[1] if argv[0] == cfg["python"] and len(argv) > 1 else argv[0])
                 raise BackendError(category, f"{tool} exited with code {res.returncode}: {tail}", raw, raw_err)
             try:
@@ -550,12 +550,6 @@ def _matching_record(records: List[JetsonBenchmarkRecord], cfg: dict) -> Optiona
         if (rec.batch_size, rec.input_length, rec.output_length) == (cfg["batch_size"], cfg["n_prompt"], cfg["n_gen"]):
             return rec
     return None
-
-
-def _looks_oom(text: str) -> bool:
-    t = text.lower()
-    return any(s in t for s in ("out of memory", "outofmemory", "failed to allocate", "cudaerrormemoryallocation",
-                                "bad_alloc"))
 
 
 __all__ = ["TrtllmBackend", "TrtllmConfig", "engine_cache_key", "max_lengths", "QUANTS", "JETSON_QUANTS", "VARIANTS",
