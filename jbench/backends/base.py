@@ -107,6 +107,21 @@ class Backend(ABC):
         speed window is too short to integrate power over."""
 
 
+def device_model_path(trial: Trial, conn: Connection, what: str = "model file") -> str:
+    """The trial's model file (or checkpoint) as a path on the device, which must exist there;
+    BackendError `missing_model` when the model cannot be resolved or the file is absent."""
+    from jbench.models.store import ModelError, resolve_model_file
+
+    try:
+        path, _ = resolve_model_file(trial.section("model"))
+    except ModelError as exc:
+        raise BackendError("missing_model", str(exc)) from None
+    path = conn.expand_path(path)
+    if not conn.exists(path):
+        raise BackendError("missing_model", f"{what} {path} not found on device '{conn.name}'")
+    return path
+
+
 def size_problems(cfg: dict) -> list[str]:
     """The token-count and repetition checks every llama-bench-like backend shares."""
     problems = [f"backend.{key} must be >= 0 (got {cfg[key]})" for key in ("n_prompt", "n_gen", "depth") if cfg[key] < 0]

@@ -17,7 +17,6 @@ Rates are tokens / ms from the log, never the rounded tok/s the engine prints.
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import string
@@ -25,12 +24,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from jbench.backends.engine.trace import LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, parse_trace
+from jbench.backends.engine.trace import (LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, json_event,
+                                         parse_trace)
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -197,17 +197,6 @@ def render_command(template: List[str], values: Dict[str, Any], lists: Dict[str,
 # Output parsing (pure functions)
 
 
-def _is_json_event(line: str) -> bool:
-    start = line.find("{")
-    if start < 0 or not line.rstrip().endswith("}"):
-        return False
-    try:
-        obj = json.loads(line[start:])
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and "event" in obj
-
-
 @dataclass
 class EngineRun:
     """One engine process's output, stamps removed (line numbers of `text` match `stamps`)."""
@@ -238,7 +227,7 @@ def parse_engine_output(stdout: str, patterns: Optional[LogPatterns] = None, out
         if t is not None and rest.strip() == "@@start" and start is None:
             start = t
             rest = ""
-        is_json = _is_json_event(rest)
+        is_json = json_event(rest) is not None
         if (output == "log" and is_json) or (output == "jsonl" and not is_json):
             rest = ""
         texts.append(rest)
@@ -247,7 +236,7 @@ def parse_engine_output(stdout: str, patterns: Optional[LogPatterns] = None, out
     parsed = parse_trace(text, patterns)
     for lines in (parsed.prefill, parsed.decode):
         for pl in lines:
-            formats.add("jsonl" if _is_json_event(texts[pl.lineno - 1]) else "log")
+            formats.add("jsonl" if json_event(texts[pl.lineno - 1]) is not None else "log")
     return EngineRun(text=text, stamps=stamps, start=start, parsed=parsed, formats=formats)
 
 
@@ -427,13 +416,7 @@ class EngineBackend(Backend):
         used = used_placeholders(template)
         model_path = None
         if "model" in used:
-            try:
-                model_path, _ = resolve_model_file(trial.section("model"))
-            except ModelError as exc:
-                raise BackendError("missing_model", str(exc)) from None
-            model_path = conn.expand_path(model_path)
-            if not conn.exists(model_path):
-                raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+            model_path = device_model_path(trial, conn)
 
         n_prompt, n_gen = cfg["n_prompt"], cfg["n_gen"]
         energy_pass = only_phase is not None and repetitions is not None

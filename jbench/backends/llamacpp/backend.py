@@ -22,7 +22,7 @@ from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.trial import BackendResult, Trial
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -221,13 +221,7 @@ class LlamaCppBackend(Backend):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        try:
-            model_path, _ = resolve_model_file(trial.section("model"))
-        except ModelError as exc:
-            raise BackendError("missing_model", str(exc)) from None
-        model_path = conn.expand_path(model_path)
-        if not conn.exists(model_path):
-            raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+        model_path = device_model_path(trial, conn)
         if trial.section("backend").get("scenario", "bench") == "latency":
             return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)

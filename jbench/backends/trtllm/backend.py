@@ -44,7 +44,7 @@ from typing import Any, List, Optional
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, looks_oom
+from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
@@ -344,13 +344,7 @@ class TrtllmBackend(Backend):
             if not conn.exists(path):
                 raise BackendError("missing_model", f"engine directory {path} not found on device '{conn.name}'")
             return path, "prebuilt", {}
-        try:
-            checkpoint, _ = resolve_model_file(model)
-        except ModelError as exc:
-            raise BackendError("missing_model", str(exc)) from None
-        checkpoint = conn.expand_path(checkpoint)
-        if not conn.exists(checkpoint):
-            raise BackendError("missing_model", f"TensorRT-LLM checkpoint {checkpoint} not found on device '{conn.name}'")
+        checkpoint = device_model_path(trial, conn, "TensorRT-LLM checkpoint")
         version, device = self.device_facts(conn)
         max_in, max_seq = max_lengths(cfg)
         key, key_fields = engine_cache_key(model=model["name"], quant=str(model["quant"]), checkpoint=checkpoint,
