@@ -379,3 +379,12 @@ def test_jtop_agx_orin_sum_and_profile(tmp_path, monkeypatch):
     assert _power_keys(samples[0]) == {"power_w": pytest.approx(7.132), "gpu_power_w": pytest.approx(2.399),
                                        "cpu_power_w": pytest.approx(0.4)}
     assert split_stamp("1.5 {}") == (1.5, "{}")
+
+
+def test_jtop_missing_is_a_reason_not_zeros(tmp_path, monkeypatch):
+    (tmp_path / "jtop").mkdir()
+    (tmp_path / "jtop" / "__init__.py").write_text("raise ImportError('no jetson-stats here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sampler = JtopSampler(LocalConnection(), 10).start()
+    sampler._thread.join(timeout=30)
+    assert sampler.stop() == [] and "jetson-stats is not installed" in sampler.problem

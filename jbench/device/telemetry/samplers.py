@@ -204,6 +204,28 @@ class StreamSampler(Sampler):
     _power_rules: tuple[str, ...] = ()
     power_field: Optional[str] = None
 
+    def _device_json(self, fail_prefix: str):
+        """(device time, object) per line of a reader program on the device that stamps its own lines
+        (`<epoch> <json>`; no bash wrapper); a line starting with fail_prefix is the reader's reason for
+        giving up: it becomes `problem` and ends the stream. Other lines are counted as skipped."""
+        self._stream = self.conn.stream_lines(self.argv)
+        for line in self._stream:
+            if self._stop.is_set():
+                return
+            if line.startswith(fail_prefix):
+                self.problem = line[len(fail_prefix):].strip()
+                return
+            t, payload = split_stamp(line)
+            try:
+                data = json.loads(payload)
+            except json.JSONDecodeError:
+                data = None
+            if t is None or not isinstance(data, dict):
+                self.skipped_lines += 1
+                self.last_skipped = line.strip()[:300]
+                continue
+            yield t, data
+
     def _note_power(self, total: InputPower) -> None:
         """Which input-power rule and rails gave `power_w` (logged as the tag telemetry.power_field)."""
         if total.label not in self._power_rules:
@@ -291,23 +313,7 @@ class SysfsSampler(StreamSampler):
         self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
 
     def _run(self) -> None:
-        # The reader stamps its own lines (time.time() on the device), so no bash wrapper.
-        self._stream = self.conn.stream_lines(self.argv)
-        for line in self._stream:
-            if self._stop.is_set():
-                break
-            if line.startswith("NO_RAILS"):
-                self.problem = line[len("NO_RAILS "):]
-                return
-            t, payload = split_stamp(line)
-            try:
-                rails = json.loads(payload)
-            except json.JSONDecodeError:
-                self.skipped_lines += 1
-                continue
-            if t is None:
-                self.skipped_lines += 1
-                continue
+        for t, rails in self._device_json("NO_RAILS "):
             power, total = power_fields(rails, _rail_profile(self.rails_spec, self.gpu_rail, self.cpu_rail))
             self._note_power(total)
             self.samples.append({"t": t, **power, **{f"rail_{k}_w": v for k, v in rails.items()}})
@@ -355,22 +361,7 @@ class JtopSampler(StreamSampler):
         super().__init__(conn, ["python3", "-c", JTOP_READER, str(int(interval_ms))])
 
     def _run(self) -> None:
-        self._stream = self.conn.stream_lines(self.argv)
-        for line in self._stream:
-            if self._stop.is_set():
-                break
-            if line.startswith("NO_JTOP"):
-                self.problem = line[len("NO_JTOP "):]
-                return
-            t, payload = split_stamp(line)
-            try:
-                data = json.loads(payload)
-            except json.JSONDecodeError:
-                self.skipped_lines += 1
-                continue
-            if t is None:
-                self.skipped_lines += 1
-                continue
+        for t, data in self._device_json("NO_JTOP "):
             temps = [v for v in (data.get("temps") or {}).values() if isinstance(v, (int, float)) and v > -100]
             rails = {k: v / 1000.0 for k, v in (data.get("rails_mw") or {}).items() if isinstance(v, (int, float))}
             power, total = power_fields(rails, self.rail_profile)
