@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from jbench.backends.base import OOM_MARKERS, looks_oom
+from jbench.backends.base import OOM_MARKERS, command_failure, looks_oom
+from jbench.device.connection import CommandResult
 
 OOM = [
     # llama.cpp ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_buffer_type_alloc_buffer:
@@ -75,6 +76,24 @@ def test_one_list_lower_case():
     assert all(m == m.lower() for m in OOM_MARKERS) and len(set(OOM_MARKERS)) == len(OOM_MARKERS)
 
 
+def test_failed_commands_are_classified_by_the_shared_rule():
+    oom = CommandResult(["llama-bench"], 1, "{}", "load\n" + OOM[0] + "\nmain: error", 1.0)
+    err = command_failure("llama-bench", oom)
+    assert err.category == "out_of_memory" and str(err).startswith("llama-bench exited with code 1: load")
+    assert (err.raw_output, err.raw_stderr) == (oom.stdout, oom.stderr)
+    crash = CommandResult(["x"], 139, "", "\n".join(f"line {i}" for i in range(9)), 1.0)
+    err = command_failure("engine (speed)", crash, "all output", "all errors")
+    assert err.category == "backend_crash" and str(err) == "engine (speed) exited with code 139: " + "\n".join(
+        f"line {i}" for i in range(4, 9))
+    assert (err.raw_output, err.raw_stderr) == ("all output", "all errors")
+    # TensorRT-LLM prints some of its errors on stdout: only looked at when asked.
+    trt = CommandResult(["trtllm-build"], 1, "[TensorRT-LLM][ERROR] CUDA runtime error: out of memory", "", 1.0)
+    assert command_failure("trtllm-build", trt).category == "backend_crash"
+    assert command_failure("trtllm-build", trt, check_stdout=True).category == "out_of_memory"
+    killed = CommandResult(["bash"], 137, "", 'bash: line 1: 48213 Killed                  "$@"', 1.0)
+    assert command_failure("llama-bench", killed).category == "out_of_memory"
+
+
 def test_every_backend_uses_the_shared_rule():
     import inspect
 
@@ -82,6 +101,7 @@ def test_every_backend_uses_the_shared_rule():
     from jbench.backends.llamacpp import backend as llamacpp, server
     from jbench.backends.trtllm import backend as trtllm
 
-    for module in (engine, llamacpp, server, trtllm):
+    for module in (engine, llamacpp, trtllm):
         src = inspect.getsource(module)
-        assert module.looks_oom is looks_oom and "def _looks_oom" not in src, module.__name__
+        assert module.command_failure is command_failure and "_looks_oom" not in src, module.__name__
+    assert server.looks_oom is looks_oom and "def _looks_oom" not in inspect.getsource(server)

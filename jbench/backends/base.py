@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import ClassVar, Optional
 
-from jbench.device.connection import Connection
+from jbench.device.connection import CommandResult, Connection
 from jbench.trial import BackendResult, Trial
 
 
@@ -105,6 +105,20 @@ class Backend(ABC):
         Phases carry device-clock end times where the backend can give them (PhaseResult.window).
         only_phase/repetitions run one phase with more repetitions: the energy pass for phases whose
         speed window is too short to integrate power over."""
+
+
+def command_failure(tool: str, res: CommandResult, raw_output: Optional[str] = None,
+                    raw_stderr: Optional[str] = None, *, check_stdout: bool = False) -> BackendError:
+    """The BackendError for a backend command that exited non-zero: `out_of_memory` when its stderr (and
+    stdout with check_stdout) looks like it (looks_oom), else `backend_crash`; the message names the tool
+    and the exit code and ends with the last 5 lines of stderr. raw_output/raw_stderr default to the
+    command's own output."""
+    text = res.stderr + ("\n" + res.stdout if check_stdout else "")
+    category = "out_of_memory" if looks_oom(text, res.returncode) else "backend_crash"
+    tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+    return BackendError(category, f"{tool} exited with code {res.returncode}: {tail}",
+                        res.stdout if raw_output is None else raw_output,
+                        res.stderr if raw_stderr is None else raw_stderr)
 
 
 def device_model_path(trial: Trial, conn: Connection, what: str = "model file") -> str:

@@ -30,7 +30,7 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -403,10 +403,7 @@ class EngineBackend(Backend):
             raise BackendError("timeout", f"engine ({what}) did not finish within {cfg['timeout_s']:g} s: {exc}") from None
         log.info("engine (%s) exited %d after %.2f s", what, res.returncode, res.duration_s)
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if looks_oom(res.stderr, res.returncode) else "backend_crash"
-            raise BackendError(category, f"engine exited with code {res.returncode} ({what}): {tail}",
-                               res.stdout, res.stderr)
+            raise command_failure(f"engine ({what})", res)
         return res
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,

@@ -22,7 +22,7 @@ from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.trial import BackendResult, Trial
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -233,11 +233,7 @@ class LlamaCppBackend(Backend):
             raise BackendError("timeout", str(exc)) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if looks_oom(res.stderr, res.returncode) else "backend_crash"
-            raise BackendError(
-                category, f"llama-bench exited with code {res.returncode}: {tail}", res.stdout, res.stderr
-            )
+            raise command_failure("llama-bench", res)
         try:
             phases, build, info = parse_output(res.stdout)
         except ParseError as exc:

@@ -44,7 +44,7 @@ from typing import Any, List, Optional
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.trial import BackendResult, PhaseResult, Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path, looks_oom
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
@@ -370,9 +370,7 @@ class TrtllmBackend(Backend):
         started = time.monotonic()
         res = self._run(conn, argv, cfg["build_timeout_s"], "trtllm-build")
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if looks_oom(res.stderr + "\n" + res.stdout, res.returncode) else "backend_crash"
-            raise BackendError(category, f"trtllm-build exited with code {res.returncode}: {tail}", res.stdout, res.stderr)
+            raise command_failure("trtllm-build", res, check_stdout=True)
         manifest = {"key": key, "fields": key_fields, "command": argv, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_s": round(time.monotonic() - started, 3), "jbench": "trtllm backend"}
         res = self._run(conn, ["sh", "-c", _WRITE_STDIN, "sh", manifest_path], 60, "writing the engine manifest",
@@ -499,10 +497,8 @@ class TrtllmBackend(Backend):
             errors.append(res.stderr)
             raw, raw_err = "\n".join(outputs), "\n".join(errors)
             if res.returncode != 0:
-                tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-                category = "out_of_memory" if looks_oom(res.stderr + "\n" + res.stdout, res.returncode) else "backend_crash"
                 tool = posixpath.basename(argv[1] if argv[0] == cfg["python"] and len(argv) > 1 else argv[0])
-                raise BackendError(category, f"{tool} exited with code {res.returncode}: {tail}", raw, raw_err)
+                raise command_failure(tool, res, raw, raw_err, check_stdout=True)
             try:
                 pm, facts = self._parse(cfg, res.stdout, res.stderr)
             except BackendError as exc:
