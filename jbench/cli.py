@@ -566,18 +566,11 @@ def telemetry_parse(source, fmt, rails) -> None:
     import csv
     import json
 
-    from jbench.device.telemetry.tegrastats import parse_line, sample_to_dict
+    from jbench.device.telemetry.tegrastats import parse_stream, sample_to_dict
 
     spec = rails.split(",") if rails else None
-    rows, skipped = [], 0
-    for line in source:
-        if not line.strip():
-            continue
-        sample = parse_line(line)
-        if sample is None:
-            skipped += 1
-            continue
-        rows.append(sample_to_dict(sample, spec))
+    samples, skipped = parse_stream(source)
+    rows = [sample_to_dict(sample, spec) for sample in samples]
     if fmt == "jsonl":
         for row in rows:
             click.echo(json.dumps(row, default=str))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -9,17 +10,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
-from jbench.analysis.compare import (
-    CompareError,
-    compare,
-    mann_whitney_u,
-    min_attainable_p,
-    t_cdf,
-    t_ppf,
-    welch_interval,
-)
+from jbench.analysis.compare import CompareError, compare
 from jbench.analysis.regress import RegressError, check_metric, regress
+from jbench.analysis.stats import WelchInterval, mann_whitney_u, min_attainable_p, t_ppf, welch_interval
 
 T0 = pd.Timestamp("2025-03-01T02:00:00Z")
 
@@ -90,19 +85,47 @@ def test_mann_whitney_exact_known_values():
     assert math.isnan(mann_whitney_u([], [1, 2]).p_value)
 
 
-def test_mann_whitney_matches_scipy():
-    stats = pytest.importorskip("scipy.stats")
+def _exact_two_sided_p(x, y):
+    """Mann-Whitney p by enumerating every split of the pooled (tie-free) values: 2 x the smaller tail."""
+    pooled = sorted(list(x) + list(y))
+    rank = {v: i + 1 for i, v in enumerate(pooled)}
+    n1 = len(x)
+    u = sum(rank[v] for v in x) - n1 * (n1 + 1) / 2
+    us = [sum(c) - n1 * (n1 + 1) / 2 for c in itertools.combinations(range(1, len(pooled) + 1), n1)]
+    low, high = sum(v <= u for v in us), sum(v >= u for v in us)
+    return u, min(1.0, 2 * min(low, high) / len(us))
+
+
+def test_mann_whitney_exact_against_enumeration():
     rng = np.random.default_rng(1)
-    for i in range(200):
-        n1, n2 = (int(v) for v in rng.integers(1, 40, 2))
+    for _ in range(60):
+        n1, n2 = (int(v) for v in rng.integers(1, 7, 2))
         x, y = rng.normal(0, 1, n1), rng.normal(rng.normal(0, 0.7), 1, n2)
-        if i % 3 == 0:
-            x, y = np.round(x, 1), np.round(y, 1)  # ties -> normal approximation
         ours = mann_whitney_u(x, y)
-        ref = stats.mannwhitneyu(x, y, alternative="two-sided", use_continuity=True,
-                                 method="exact" if ours.method == "exact" else "asymptotic")
-        assert ours.u == pytest.approx(ref.statistic)
-        assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-12)
+        u, p = _exact_two_sided_p(x, y)
+        assert ours.method == "exact" and ours.u == u and ours.p_value == pytest.approx(p, rel=1e-12)
+
+
+def test_mann_whitney_asymptotic_by_formula():
+    """Ties: the normal approximation with tie-corrected variance and continuity correction."""
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        n1, n2 = (int(v) for v in rng.integers(2, 60, 2))
+        x, y = np.round(rng.normal(0, 1, n1), 1), np.round(rng.normal(0.3, 1, n2), 1)
+        ours = mann_whitney_u(x, y)
+        pooled = np.concatenate([x, y])
+        ranks = pd.Series(pooled).rank().to_numpy()
+        u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+        n = n1 + n2
+        ties = np.unique(pooled, return_counts=True)[1]
+        var = n1 * n2 / 12 * ((n + 1) - (ties ** 3 - ties).sum() / (n * (n - 1)))
+        z = (abs(u1 - n1 * n2 / 2) - 0.5) / math.sqrt(var)
+        p = min(1.0, math.erfc(z / math.sqrt(2))) if z > 0 else 1.0
+        assert ours.method == "asymptotic" and ours.u == u1 and ours.p_value == pytest.approx(p, rel=1e-9)
+    # Values the hand-written implementation gave before scipy took over (unchanged).
+    assert mann_whitney_u([1, 1, 2], [1, 2, 2]).p_value == pytest.approx(0.6192567541768621, rel=1e-12)
+    assert mann_whitney_u([1, 2, 3], [1.5, 2.5, 3.5]).p_value == pytest.approx(0.7, rel=1e-12)
+    assert mann_whitney_u(list(range(51)), [v + 0.5 for v in range(3)]).method == "asymptotic"  # > 50 a side
 
 
 def test_student_t_quantiles():
@@ -111,7 +134,9 @@ def test_student_t_quantiles():
     assert t_ppf(0.995, 10) == pytest.approx(3.16927267261695, rel=1e-10)
     assert t_ppf(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
     assert t_ppf(0.025, 7) == pytest.approx(-t_ppf(0.975, 7))
-    assert t_cdf(t_ppf(0.9, 3.3), 3.3) == pytest.approx(0.9, abs=1e-10)
+    assert scipy_stats.t.cdf(t_ppf(0.9, 3.3), 3.3) == pytest.approx(0.9, abs=1e-10)
+    with pytest.raises(ValueError):
+        t_ppf(1.0, 3)
 
 
 def test_welch_interval_by_hand():
@@ -123,6 +148,10 @@ def test_welch_interval_by_hand():
     assert wi.diff == pytest.approx(3.5)
     assert (wi.low, wi.high) == pytest.approx((3.5 - half, 3.5 + half))
     assert math.isnan(welch_interval([1.0], [2.0, 3.0]).low)
+    # scipy's own Welch test gives the same interval.
+    ref = scipy_stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    assert (wi.low, wi.high) == pytest.approx((ref.low, ref.high), rel=1e-10)
+    assert welch_interval([2.0, 2.0], [3.0, 3.0]) == WelchInterval(1.0, 1.0, 1.0, math.inf)
 
 
 # --------------------------------------------------------------------------------------------

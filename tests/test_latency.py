@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from jbench.analysis.stats import percentile
 from jbench.backends.llamacpp import client, server
 from jbench.backends.base import BackendError
 from jbench.backends.llamacpp.backend import LlamaCppBackend
@@ -111,12 +112,13 @@ def records(result: BackendResult, kind: str = "measured") -> list[dict]:
 
 def test_percentile_is_linear_interpolation_between_ranks():
     xs = [10.0, 20.0, 30.0, 40.0]
-    assert client.percentile(xs, 50) == pytest.approx(25.0)
-    assert client.percentile(xs, 90) == pytest.approx(37.0)  # rank 2.7
-    assert client.percentile(xs, 99) == pytest.approx(39.7)
-    assert client.percentile([5.0], 99) == 5.0
-    assert math.isnan(client.percentile([], 50))
-    assert client.percentile([3.0, 1.0, 2.0], 0) == 1.0 and client.percentile([3.0, 1.0, 2.0], 100) == 3.0
+    assert percentile(xs, 50) == pytest.approx(25.0)
+    assert percentile(xs, 90) == pytest.approx(37.0)  # rank 2.7
+    assert percentile(xs, 99) == pytest.approx(39.7)
+    assert percentile([5.0], 99) == 5.0
+    assert math.isnan(percentile([], 50))
+    assert percentile([3.0, 1.0, 2.0], 0) == 1.0 and percentile([3.0, 1.0, 2.0], 100) == 3.0
+    assert client.percentile is percentile  # the latency metrics use the one implementation
 
 
 def test_prompt_has_exactly_n_tokens_and_differs_per_request():
@@ -256,7 +258,7 @@ def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
     for name in ("ttft_ms", "itl_ms", "e2e_ms", "output_tps"):
         values = [r[name] for r in rows]
         for q in (50, 90, 99):
-            assert m[f"{name}_p{q}"] == pytest.approx(client.percentile(values, q))
+            assert m[f"{name}_p{q}"] == pytest.approx(percentile(values, q))
         assert m[f"{name}_mean"] == pytest.approx(sum(values) / len(values))
         assert m[f"{name}_p50"] <= m[f"{name}_p90"] <= m[f"{name}_p99"]
     assert m["e2e_ms_p50"] >= m["ttft_ms_p50"]

@@ -104,7 +104,10 @@ def test_sysfs_sampler_reads_ina3221_hwmon(tmp_path):
     sampler = SysfsSampler(LocalConnection(), 20, gpu_rail="VDD_CPU_GPU_CV", sysfs_root=str(tmp_path)).start()
     assert sampler.wait_for_samples(5, timeout_s=20), sampler.problem
     samples = sampler.stop()
-    assert samples[0]["power_w"] == pytest.approx(12.0) and samples[0]["gpu_power_w"] == pytest.approx(3.0)
+    # The combined CPU+GPU+CV rail is reported once, never as GPU (or CPU) energy.
+    assert samples[0]["power_w"] == pytest.approx(12.0) and samples[0]["cpu_gpu_cv_power_w"] == pytest.approx(3.0)
+    assert "gpu_power_w" not in samples[0] and "cpu_power_w" not in samples[0]
+    assert sampler.power_field == "input VDD_IN"
     assert "rail_NC_w" not in samples[0]
     assert all(b["t"] > a["t"] for a, b in zip(samples, samples[1:]))
 

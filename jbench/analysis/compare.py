@@ -19,13 +19,12 @@ Statistics, per matched configuration and rate, A -> B:
     nu = Welch-Satterthwaite degrees of freedom, expressed in % of mean_A (mean_A taken as fixed,
     so the interval ignores the uncertainty of the denominator: fine while the CV of A is small).
     Needs >= 2 samples on each side, else NaN.
-  * p_value: two-sided Mann-Whitney U test on the pooled samples (`mann_whitney_u`): the exact null
-    distribution when there are no ties and both sides have <= 50 samples, else the normal
-    approximation with tie correction and continuity correction (as scipy.stats.mannwhitneyu with
-    method="auto" does in those regimes). NaN with an empty side.
+  * p_value: two-sided Mann-Whitney U test on the pooled samples (`stats.mann_whitney_u`): the exact
+    null distribution when there are no ties and both sides have <= 50 samples, else the normal
+    approximation with tie correction and continuity correction. NaN with an empty side.
   * significant: p_value < alpha (default 0.05).
 
-Only standard-library math and numpy/pandas: no scipy (jbench does not depend on it).
+The statistics themselves (Welch interval, Mann-Whitney U, t quantiles) live in jbench.analysis.stats.
 """
 
 from __future__ import annotations
@@ -39,25 +38,20 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import pandas as pd
 
+from jbench.analysis.stats import mann_whitney_u, welch_interval
+
 __all__ = [
     "CompareError",
     "Comparison",
-    "MannWhitney",
-    "WelchInterval",
     "compare",
-    "mann_whitney_u",
-    "min_attainable_p",
     "rate_metrics",
     "samples_for",
-    "t_ppf",
-    "welch_interval",
 ]
 
 CONFIG_HASH = "tags.jbench.config_hash"
 BASE_RATES = ("prefill_tps", "decode_tps")
 # Tokens-per-joule metric names: `<phase>_tokens_per_joule[_above_idle]` (also `_tokens_per_j`, `_tpj`) or bare.
 TPJ_RE = re.compile(r"^metrics\.((?:[a-z0-9]+_)?(?:tokens_per_joule|tokens_per_j|tpj)(?:_above_idle)?)$")
-EXACT_MAX_N = 50  # exact Mann-Whitney distribution up to this many samples a side (no ties)
 
 Samples = Mapping[str, Mapping[str, Sequence[float]]]
 SamplesArg = Union[None, Samples, Mapping[str, Sequence[float]], Callable[[list[str], str], Mapping[str, Sequence[float]]]]
@@ -65,204 +59,6 @@ SamplesArg = Union[None, Samples, Mapping[str, Sequence[float]], Callable[[list[
 
 class CompareError(ValueError):
     """The two selections cannot be compared; the message says why."""
-
-
-# --------------------------------------------------------------------------------------------
-# Distributions (pure, no scipy)
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    ln_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    front = math.exp(ln_front)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t with df (> 0, not necessarily whole) degrees of freedom."""
-    if not df > 0:
-        raise ValueError(f"degrees of freedom must be > 0, got {df}")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_ppf(q: float, df: float) -> float:
-    """Quantile of Student's t (bisection on t_cdf to ~1e-12)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"quantile must be in (0, 1), got {q}")
-    if q == 0.5:
-        return 0.0
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e12:
-            return math.inf
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
-
-
-def _norm_sf(z: float) -> float:
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
-
-
-# --------------------------------------------------------------------------------------------
-# Tests and intervals
-
-
-@dataclass(frozen=True)
-class MannWhitney:
-    u: float  # U statistic of the first sample (number of pairs (x, y) with x > y, ties count 1/2)
-    p_value: float  # two-sided
-    method: str  # "exact" | "asymptotic" | "n/a"
-
-
-def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Mid-ranks (1-based) and the sizes of tie groups."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    ties: list[int] = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2.0 + 1.0
-        if j > i:
-            ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
-
-
-def _u_counts(m: int, n: int) -> list[int]:
-    """Number of orderings giving U = 0..m*n for samples of sizes m and n without ties: the
-    coefficients of the Gaussian binomial [m+n choose m]_q = prod_{i=1..m} (1-q^(n+i)) / (1-q^i)."""
-    if m > n:
-        m, n = n, m
-    size = m * n + 1
-    c = [0] * size
-    c[0] = 1
-    for i in range(1, m + 1):
-        step = n + i
-        for k in range(size - 1, step - 1, -1):  # multiply by (1 - q^(n+i))
-            c[k] -= c[k - step]
-        for k in range(i, size):  # divide by (1 - q^i)
-            c[k] += c[k - i]
-    return c
-
-
-def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
-    """Two-sided Mann-Whitney U test of x against y.
-
-    Exact p-value (twice the smaller tail of U's permutation distribution, capped at 1) when there are
-    no ties and both samples have at most EXACT_MAX_N values; otherwise the normal approximation
-    with the tie-corrected variance and a continuity correction of 1/2.
-    """
-    x = [float(v) for v in x]
-    y = [float(v) for v in y]
-    n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        return MannWhitney(math.nan, math.nan, "n/a")
-    if any(math.isnan(v) for v in x + y):
-        raise ValueError("samples contain NaN")
-    ranks, ties = _ranks(x + y)
-    u1 = sum(ranks[:n1]) - n1 * (n1 + 1) / 2.0
-    if not ties and max(n1, n2) <= EXACT_MAX_N:
-        counts = _u_counts(n1, n2)
-        total = math.comb(n1 + n2, n1)
-        k = int(round(u1))
-        low = sum(counts[: k + 1])
-        high = sum(counts[k:])
-        p = min(1.0, 2.0 * min(low, high) / total)
-        return MannWhitney(u1, p, "exact")
-    n = n1 + n2
-    mu = n1 * n2 / 2.0
-    tie_term = sum(t ** 3 - t for t in ties) / (n * (n - 1))
-    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
-    if var <= 0:
-        return MannWhitney(u1, 1.0, "asymptotic")  # every value tied: no evidence of a difference
-    z = (abs(u1 - mu) - 0.5) / math.sqrt(var)
-    p = min(1.0, 2.0 * _norm_sf(z)) if z > 0 else 1.0
-    return MannWhitney(u1, p, "asymptotic")
-
-
-def min_attainable_p(n1: int, n2: int) -> float:
-    """The smallest two-sided Mann-Whitney p-value samples of these sizes can give (no ties): all of
-    one sample above all of the other, 2 / C(n1+n2, n1). When it is not below the significance level,
-    the test cannot reject whatever the data, so the comparison has too little data."""
-    if n1 < 1 or n2 < 1:
-        return 1.0
-    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
-
-
-@dataclass(frozen=True)
-class WelchInterval:
-    diff: float  # mean_b - mean_a
-    low: float
-    high: float
-    df: float  # Welch-Satterthwaite degrees of freedom (inf when both variances are 0)
-
-
-def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> WelchInterval:
-    """Welch t confidence interval for mean(b) - mean(a); NaN bounds with fewer than 2 samples a side."""
-    a_ = np.asarray(a, dtype=float)
-    b_ = np.asarray(b, dtype=float)
-    if a_.size == 0 or b_.size == 0:
-        return WelchInterval(math.nan, math.nan, math.nan, math.nan)
-    diff = float(b_.mean() - a_.mean())
-    if a_.size < 2 or b_.size < 2:
-        return WelchInterval(diff, math.nan, math.nan, math.nan)
-    va, vb = float(a_.var(ddof=1)) / a_.size, float(b_.var(ddof=1)) / b_.size
-    se2 = va + vb
-    if se2 == 0:
-        return WelchInterval(diff, diff, diff, math.inf)
-    dof = se2 ** 2 / (va ** 2 / (a_.size - 1) + vb ** 2 / (b_.size - 1))
-    half = t_ppf(1.0 - (1.0 - confidence) / 2.0, dof) * math.sqrt(se2)
-    return WelchInterval(diff, diff - half, diff + half, dof)
 
 
 # --------------------------------------------------------------------------------------------

@@ -56,10 +56,9 @@ from jbench.analysis.compare import (
     _fmt_p,
     _jsonable,
     finished_trials,
-    mann_whitney_u,
-    min_attainable_p,
     normalize_samples,
 )
+from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
 
 __all__ = ["FINGERPRINT_TAGS", "MetricCheck", "ConfigResult", "RegressError", "RegressReport", "regress"]
 
@@ -243,9 +242,8 @@ def check_metric(base: Sequence[float], now: Sequence[float], metric: str, *, al
                  min_change: float = 0.03, noise_factor: float = 3.0, min_samples: int = 3) -> MetricCheck:
     """The rule of the module doc for one rate (higher is better)."""
     nb, nn = len(base), len(now)
-    mb = float(np.mean(base)) if nb else math.nan
-    mn = float(np.mean(now)) if nn else math.nan
-    cv = float(np.std(base, ddof=1) / mb) if nb >= 2 and mb else math.nan
+    base_stats = describe(list(base))
+    mb, mn, cv = base_stats.mean, describe(list(now)).mean, base_stats.cv
     threshold = max(min_change, noise_factor * cv) if math.isfinite(cv) else min_change
     change = (mn - mb) / mb if nb and nn and mb else math.nan
     reason = ""

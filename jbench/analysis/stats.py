@@ -1,10 +1,51 @@
-"""Statistics over repetition samples (pure functions)."""
+"""Statistics over samples, the one home for jbench (pure functions on scipy and numpy).
+
+- `describe`: n, mean, sample std (n - 1), median, min, max; `SampleStats.ci95` (Student t interval
+  of the mean) and `SampleStats.cv` (std / mean).
+- `t_ppf`: Student t quantile (scipy.stats.t), any real degrees of freedom.
+- `welch_interval`: Welch t confidence interval for mean(b) - mean(a), with the Welch-Satterthwaite
+  degrees of freedom.
+- `mann_whitney_u`: two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu): the exact null
+  distribution when there are no ties and both sides have <= EXACT_MAX_N samples, else the normal
+  approximation with tie correction and continuity correction.
+- `min_attainable_p`: the smallest two-sided Mann-Whitney p-value two sample sizes can give.
+- `percentile`: linear interpolation between closest ranks (numpy's default, Hyndman-Fan type 7).
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+__all__ = [
+    "EXACT_MAX_N",
+    "MannWhitney",
+    "SampleStats",
+    "WelchInterval",
+    "describe",
+    "mann_whitney_u",
+    "mean_interval",
+    "min_attainable_p",
+    "percentile",
+    "t_ppf",
+    "welch_interval",
+]
+
+EXACT_MAX_N = 50  # exact Mann-Whitney distribution up to this many samples a side (no ties)
+
+
+def _scipy_stats():
+    """scipy.stats, imported on first use: it costs about 1.5 s, which the CLI's start should not pay
+    (numpy, below, is imported where used for the same reason)."""
+    from scipy import stats
+
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# Describing one sample
 
 
 @dataclass(frozen=True)
@@ -19,12 +60,7 @@ class SampleStats:
     @property
     def ci95(self) -> tuple[float, float]:
         """95 % confidence interval of the mean (Student's t with n - 1 degrees of freedom)."""
-        if self.n < 2:
-            return (math.nan, math.nan)
-        from scipy.stats import t
-
-        half = t.ppf(0.975, self.n - 1) * self.std / math.sqrt(self.n)
-        return (self.mean - half, self.mean + half)
+        return mean_interval(self.n, self.mean, self.std, 0.95)
 
     @property
     def cv(self) -> float:
@@ -34,7 +70,7 @@ class SampleStats:
         return self.std / self.mean
 
 
-def describe(samples: list[float]) -> SampleStats:
+def describe(samples: Sequence[float]) -> SampleStats:
     if not samples:
         nan = math.nan
         return SampleStats(0, nan, nan, nan, nan, nan)
@@ -47,3 +83,104 @@ def describe(samples: list[float]) -> SampleStats:
         min=min(samples),
         max=max(samples),
     )
+
+
+def t_ppf(q: float, df: float) -> float:
+    """Quantile q of Student's t with df (> 0, not necessarily whole) degrees of freedom."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {q}")
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    return float(_scipy_stats().t.ppf(q, df))
+
+
+def mean_interval(n: int, mean: float, std: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Student t confidence interval of a mean from n samples with sample std; NaN bounds for n < 2."""
+    if n < 2:
+        return (math.nan, math.nan)
+    half = t_ppf(1.0 - (1.0 - confidence) / 2.0, n - 1) * std / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100) by linear interpolation between closest ranks (numpy's default,
+    type 7); NaN for no values."""
+    if len(values) == 0:
+        return math.nan
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+# --------------------------------------------------------------------------------------------
+# Two samples
+
+
+@dataclass(frozen=True)
+class WelchInterval:
+    diff: float  # mean_b - mean_a
+    low: float
+    high: float
+    df: float  # Welch-Satterthwaite degrees of freedom (inf when both variances are 0)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> WelchInterval:
+    """Welch t confidence interval for mean(b) - mean(a); NaN bounds with fewer than 2 samples a side.
+
+        (mean_b - mean_a) +- t_{1-(1-c)/2, nu} * sqrt(s_a^2/n_a + s_b^2/n_b),
+        nu = (s_a^2/n_a + s_b^2/n_b)^2 / ((s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1))
+    """
+    import numpy as np
+
+    a_ = np.asarray(a, dtype=float)
+    b_ = np.asarray(b, dtype=float)
+    if a_.size == 0 or b_.size == 0:
+        return WelchInterval(math.nan, math.nan, math.nan, math.nan)
+    diff = float(b_.mean() - a_.mean())
+    if a_.size < 2 or b_.size < 2:
+        return WelchInterval(diff, math.nan, math.nan, math.nan)
+    va, vb = float(a_.var(ddof=1)) / a_.size, float(b_.var(ddof=1)) / b_.size
+    se2 = va + vb
+    if se2 == 0:
+        return WelchInterval(diff, diff, diff, math.inf)
+    dof = se2 ** 2 / (va ** 2 / (a_.size - 1) + vb ** 2 / (b_.size - 1))
+    half = t_ppf(1.0 - (1.0 - confidence) / 2.0, dof) * math.sqrt(se2)
+    return WelchInterval(diff, diff - half, diff + half, dof)
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    u: float  # U statistic of the first sample (number of pairs (x, y) with x > y, ties count 1/2)
+    p_value: float  # two-sided
+    method: str  # "exact" | "asymptotic" | "n/a"
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+    """Two-sided Mann-Whitney U test of x against y (scipy.stats.mannwhitneyu).
+
+    Exact p-value when there are no ties and both samples have at most EXACT_MAX_N values; otherwise
+    the normal approximation with the tie-corrected variance and a continuity correction of 1/2.
+    Every value tied: p = 1 (no evidence of a difference). An empty side: NaN, method "n/a".
+    """
+    xs = [float(v) for v in x]
+    ys = [float(v) for v in y]
+    n1, n2 = len(xs), len(ys)
+    if n1 == 0 or n2 == 0:
+        return MannWhitney(math.nan, math.nan, "n/a")
+    if any(math.isnan(v) for v in xs + ys):
+        raise ValueError("samples contain NaN")
+    distinct = len(set(xs + ys))
+    if distinct == 1:
+        return MannWhitney(n1 * n2 / 2.0, 1.0, "asymptotic")
+    method = "exact" if distinct == n1 + n2 and max(n1, n2) <= EXACT_MAX_N else "asymptotic"
+    res = _scipy_stats().mannwhitneyu(xs, ys, alternative="two-sided", use_continuity=True, method=method)
+    return MannWhitney(float(res.statistic), min(1.0, float(res.pvalue)), method)
+
+
+def min_attainable_p(n1: int, n2: int) -> float:
+    """The smallest two-sided Mann-Whitney p-value samples of these sizes can give (no ties): all of
+    one sample above all of the other, 2 / C(n1+n2, n1). When it is not below the significance level,
+    the test cannot reject whatever the data, so the comparison has too little data."""
+    if n1 < 1 or n2 < 1:
+        return 1.0
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))

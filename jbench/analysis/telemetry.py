@@ -95,7 +95,8 @@ def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: En
         if counter is not None and counter > 0:
             metrics[f"{w.phase}_energy_counter_j"] = counter
             metrics[f"{w.phase}_energy_deviation_pct"] = 100.0 * (we.energy_j - counter) / counter
-        for rail_key, name in (("gpu_power_w", "gpu"), ("cpu_power_w", "cpu")):
+        # A rail that feeds both (VDD_CPU_GPU_CV) comes as cpu_gpu_cv_power_w alone (device/telemetry/rails.py).
+        for rail_key, name in (("gpu_power_w", "gpu"), ("cpu_power_w", "cpu"), ("cpu_gpu_cv_power_w", "cpu_gpu_cv")):
             rt, rp = _series(samples, rail_key)
             if rt:
                 re_ = window_energy(rt, rp, w.start, w.end, min_samples=settings.min_samples,

@@ -8,14 +8,15 @@ talks to MLflow and never opens connections itself. New backends register throug
 from __future__ import annotations
 
 import logging
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from jbench import registry
-from jbench.device.connection import Connection
-from jbench.trial import Trial
+from jbench.device.connection import CommandResult, Connection
 from jbench.results import BackendResult
+from jbench.trial import Trial
 
 
 class BackendError(Exception):
@@ -27,6 +28,47 @@ class BackendError(Exception):
         self.category = category
         self.raw_output = raw_output
         self.raw_stderr = raw_stderr
+
+
+# What a backend prints when it ran out of memory, lower case; the one list every backend checks
+# (looks_oom). Where each comes from:
+OOM_MARKERS: tuple[str, ...] = (
+    "out of memory",  # CUDA's text for cudaErrorMemoryAllocation (ggml-cuda: "cudaMalloc failed: out of memory",
+                      # "CUDA error: out of memory"; PyTorch "CUDA out of memory"; TensorRT "Cuda Runtime (out of memory)")
+    "outofmemory",  # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError (TensorRT-LLM's Python tools)
+    "cudaerrormemoryallocation",  # the CUDA error's name, as TensorRT and TensorRT-LLM print it
+    "cudamalloc failed",  # ggml-cuda: "allocating N MiB on device 0: cudaMalloc failed: ..."
+    "failed to allocate",  # ggml/llama.cpp: "failed to allocate CUDA0 buffer of size N", "failed to allocate buffer"
+    "unable to allocate",  # llama.cpp's model loader: "unable to allocate CUDA0 buffer"
+    "not enough space in the buffer",  # ggml-alloc's ggml_tallocr_alloc: "not enough space in the buffer to allocate X"
+    "cannot allocate memory",  # strerror(ENOMEM): mmap, fork, pinned host memory
+    "bad_alloc",  # C++ std::bad_alloc
+    "memoryerror",  # Python's MemoryError
+    "cublas_status_alloc_failed",  # cuBLAS could not allocate its workspace
+)
+# Jetson's NvMap allocator refusing with ENOMEM (12): "NvMapMemAllocInternalTagged: 1075072515 error 12".
+# TensorRT may retry after it, so it only counts in the output of a command that failed, as every marker here.
+_NVMAP_ENOMEM = re.compile(r"nvmapmem\w*:[^\n]*\berror 12\b")
+# The shell's notice for a child killed by SIGKILL, which is what the kernel's OOM killer sends:
+# "Killed", or bash's "bash: line 1:  4242 Killed   llama-bench ...". The kernel's own line ("Out of
+# memory: Killed process ...") goes to the kernel log, not to the command's output.
+_KILLED = re.compile(r"(?m)^\s*(?:\S+: line \d+:\s+\d+\s+)?Killed(?:\s|$)")
+SIGKILL_EXIT_CODES = (137, -9)  # 128 + SIGKILL from a shell; -9 from Python's subprocess
+
+
+def looks_oom(text: str, exit_code: Optional[int] = None) -> bool:
+    """Whether a failed command's output (stderr, or stderr and stdout) says it ran out of memory.
+
+    True on any of OOM_MARKERS (case-insensitive) or a Jetson NvMap ENOMEM line; also on the shell's
+    `Killed` notice when the exit code says SIGKILL (137 or -9): the OOM killer's signature. Call it
+    only for a command that failed: some of these lines are warnings in a run that recovers.
+    """
+    if not text:
+        return False
+    low = text.lower()
+    if any(marker in low for marker in OOM_MARKERS) or _NVMAP_ENOMEM.search(low):
+        return True
+    return exit_code in SIGKILL_EXIT_CODES and _KILLED.search(text) is not None
 
 
 @dataclass(frozen=True)
@@ -64,6 +106,35 @@ class Backend(ABC):
         Phases carry device-clock end times where the backend can give them (PhaseResult.window).
         only_phase/repetitions run one phase with more repetitions: the energy pass for phases whose
         speed window is too short to integrate power over."""
+
+
+def command_failure(tool: str, res: CommandResult, raw_output: Optional[str] = None,
+                    raw_stderr: Optional[str] = None, *, check_stdout: bool = False) -> BackendError:
+    """The BackendError for a backend command that exited non-zero: `out_of_memory` when its stderr (and
+    stdout with check_stdout) looks like it (looks_oom), else `backend_crash`; the message names the tool
+    and the exit code and ends with the last 5 lines of stderr. raw_output/raw_stderr default to the
+    command's own output."""
+    text = res.stderr + ("\n" + res.stdout if check_stdout else "")
+    category = "out_of_memory" if looks_oom(text, res.returncode) else "backend_crash"
+    tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+    return BackendError(category, f"{tool} exited with code {res.returncode}: {tail}",
+                        res.stdout if raw_output is None else raw_output,
+                        res.stderr if raw_stderr is None else raw_stderr)
+
+
+def device_model_path(trial: Trial, conn: Connection, what: str = "model file") -> str:
+    """The trial's model file (or checkpoint) as a path on the device, which must exist there;
+    BackendError `missing_model` when the model cannot be resolved or the file is absent."""
+    from jbench.models.store import ModelError, resolve_model_file
+
+    try:
+        path, _ = resolve_model_file(trial.section("model"))
+    except ModelError as exc:
+        raise BackendError("missing_model", str(exc)) from None
+    path = conn.expand_path(path)
+    if not conn.exists(path):
+        raise BackendError("missing_model", f"{what} {path} not found on device '{conn.name}'")
+    return path
 
 
 def size_problems(cfg: dict) -> list[str]:

@@ -17,7 +17,6 @@ Rates are tokens / ms from the log, never the rounded tok/s the engine prints.
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import string
@@ -25,13 +24,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from jbench.backends.engine.trace import LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, parse_trace
+from jbench.backends.engine.trace import (LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, json_event,
+                                         parse_trace)
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.trial import Trial
 from jbench.results import BackendResult, PhaseResult
-from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
+from jbench.trial import Trial
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -198,17 +198,6 @@ def render_command(template: List[str], values: Dict[str, Any], lists: Dict[str,
 # Output parsing (pure functions)
 
 
-def _is_json_event(line: str) -> bool:
-    start = line.find("{")
-    if start < 0 or not line.rstrip().endswith("}"):
-        return False
-    try:
-        obj = json.loads(line[start:])
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and "event" in obj
-
-
 @dataclass
 class EngineRun:
     """One engine process's output, stamps removed (line numbers of `text` match `stamps`)."""
@@ -239,7 +228,7 @@ def parse_engine_output(stdout: str, patterns: Optional[LogPatterns] = None, out
         if t is not None and rest.strip() == "@@start" and start is None:
             start = t
             rest = ""
-        is_json = _is_json_event(rest)
+        is_json = json_event(rest) is not None
         if (output == "log" and is_json) or (output == "jsonl" and not is_json):
             rest = ""
         texts.append(rest)
@@ -248,7 +237,7 @@ def parse_engine_output(stdout: str, patterns: Optional[LogPatterns] = None, out
     parsed = parse_trace(text, patterns)
     for lines in (parsed.prefill, parsed.decode):
         for pl in lines:
-            formats.add("jsonl" if _is_json_event(texts[pl.lineno - 1]) else "log")
+            formats.add("jsonl" if json_event(texts[pl.lineno - 1]) is not None else "log")
     return EngineRun(text=text, stamps=stamps, start=start, parsed=parsed, formats=formats)
 
 
@@ -415,10 +404,7 @@ class EngineBackend(Backend):
             raise BackendError("timeout", f"engine ({what}) did not finish within {cfg['timeout_s']:g} s: {exc}") from None
         log.info("engine (%s) exited %d after %.2f s", what, res.returncode, res.duration_s)
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
-            raise BackendError(category, f"engine exited with code {res.returncode} ({what}): {tail}",
-                               res.stdout, res.stderr)
+            raise command_failure(f"engine ({what})", res)
         return res
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
@@ -428,13 +414,7 @@ class EngineBackend(Backend):
         used = used_placeholders(template)
         model_path = None
         if "model" in used:
-            try:
-                model_path, _ = resolve_model_file(trial.section("model"))
-            except ModelError as exc:
-                raise BackendError("missing_model", str(exc)) from None
-            model_path = conn.expand_path(model_path)
-            if not conn.exists(model_path):
-                raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+            model_path = device_model_path(trial, conn)
 
         n_prompt, n_gen = cfg["n_prompt"], cfg["n_gen"]
         energy_pass = only_phase is not None and repetitions is not None
@@ -625,12 +605,6 @@ def _patterns(cfg: dict) -> LogPatterns:
     patterns = LogPatterns(**{k: str(v) for k, v in given.items()})
     patterns.compiled()
     return patterns
-
-
-def _looks_oom(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc",
-                                   "cudaerrormemoryallocation"))
 
 
 # --------------------------------------------------------------------------------------------

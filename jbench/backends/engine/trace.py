@@ -241,7 +241,9 @@ def _opt_str(value: Any) -> Optional[str]:
     return None if value is None else str(value)
 
 
-def _json_object(line: str) -> Optional[dict]:
+def json_event(line: str) -> Optional[dict]:
+    """The engine's JSON-lines event on this line (an object with an `event` key, optionally after a
+    prefix such as a timestamp), else None."""
     start = line.find("{")
     if start < 0 or not line.rstrip().endswith("}"):
         return None
@@ -274,7 +276,7 @@ def parse_trace(text: str, patterns: Optional[LogPatterns] = None) -> ParsedTrac
 
 
 def _parse_line(line: str, lineno: int, rx: Mapping[str, re.Pattern[str]], out: ParsedTrace) -> bool:
-    obj = _json_object(line)
+    obj = json_event(line)
     if obj is not None:
         return _parse_json_event(obj, lineno, out)
     m = rx["gemv"].search(line)

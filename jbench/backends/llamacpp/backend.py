@@ -23,7 +23,7 @@ from jbench.trial import Trial
 from jbench.results import BackendResult
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import Backend, BackendError, Capabilities, size_problems
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -222,13 +222,7 @@ class LlamaCppBackend(Backend):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        try:
-            model_path, _ = resolve_model_file(trial.section("model"))
-        except ModelError as exc:
-            raise BackendError("missing_model", str(exc)) from None
-        model_path = conn.expand_path(model_path)
-        if not conn.exists(model_path):
-            raise BackendError("missing_model", f"model file {model_path} not found on device '{conn.name}'")
+        model_path = device_model_path(trial, conn)
         if trial.section("backend").get("scenario", "bench") == "latency":
             return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
@@ -240,11 +234,7 @@ class LlamaCppBackend(Backend):
             raise BackendError("timeout", str(exc)) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
-            raise BackendError(
-                category, f"llama-bench exited with code {res.returncode}: {tail}", res.stdout, res.stderr
-            )
+            raise command_failure("llama-bench", res)
         try:
             phases, build, info = parse_output(res.stdout)
         except ParseError as exc:
@@ -286,11 +276,6 @@ class LlamaCppBackend(Backend):
         return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
                              info=info, command=run.argv, metrics=extra)
-
-
-def _looks_oom(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc"))
 
 
 def binary_path(bin_dir: str, name: str) -> Path:

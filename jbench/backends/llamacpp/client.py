@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 
+from jbench.analysis.stats import percentile
 from jbench.results import PhaseResult
 from jbench.backends.base import BackendError
 
@@ -48,19 +49,6 @@ class RequestError(Exception):
     def __init__(self, message: str, category: str = "unparseable_output"):
         super().__init__(message)
         self.category = category
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """q-th percentile (0..100) by linear interpolation between closest ranks (numpy's default, type 7)."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    if len(xs) == 1:
-        return float(xs[0])
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
 
 
 def build_prompt(prefix: Sequence[int], body: Sequence[int], n_tokens: int, variant: int) -> list[int]:

@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 from jbench.device.connection import CommandTimeout, Connection, DeviceError, PortForward
 
-from jbench.backends.base import BackendError
+from jbench.backends.base import BackendError, looks_oom
 from jbench.backends.llamacpp.client import (
     RequestError,
     RequestRecord,
@@ -198,7 +198,7 @@ class LlamaServer:
                     self._reset()
                     continue
                 category = "missing_binary" if _MISSING.search(log) else "backend_crash"
-                if _looks_oom(log):
+                if looks_oom(log):
                     category = "out_of_memory"
                 raise BackendError(category, "llama-server exited before it was ready: " + _tail(log, 5),
                                    raw_output=log) from None
@@ -340,11 +340,6 @@ class _RefusedChannelFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not ("open FAILED" in msg and "Connection refused" in msg)
-
-
-def _looks_oom(text: str) -> bool:
-    text = text.lower()
-    return any(s in text for s in ("out of memory", "failed to allocate", "cudamalloc failed", "bad_alloc"))
 
 
 def _tail(text: str, n: int) -> str:

@@ -43,9 +43,9 @@ from typing import Any, List, Optional
 
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.trial import Trial
 from jbench.results import BackendResult, PhaseResult
-from jbench.backends.base import Backend, BackendError, Capabilities
+from jbench.trial import Trial
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
@@ -345,13 +345,7 @@ class TrtllmBackend(Backend):
             if not conn.exists(path):
                 raise BackendError("missing_model", f"engine directory {path} not found on device '{conn.name}'")
             return path, "prebuilt", {}
-        try:
-            checkpoint, _ = resolve_model_file(model)
-        except ModelError as exc:
-            raise BackendError("missing_model", str(exc)) from None
-        checkpoint = conn.expand_path(checkpoint)
-        if not conn.exists(checkpoint):
-            raise BackendError("missing_model", f"TensorRT-LLM checkpoint {checkpoint} not found on device '{conn.name}'")
+        checkpoint = device_model_path(trial, conn, "TensorRT-LLM checkpoint")
         version, device = self.device_facts(conn)
         max_in, max_seq = max_lengths(cfg)
         key, key_fields = engine_cache_key(model=model["name"], quant=str(model["quant"]), checkpoint=checkpoint,
@@ -377,9 +371,7 @@ class TrtllmBackend(Backend):
         started = time.monotonic()
         res = self._run(conn, argv, cfg["build_timeout_s"], "trtllm-build")
         if res.returncode != 0:
-            tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-            category = "out_of_memory" if _looks_oom(res.stderr + res.stdout) else "backend_crash"
-            raise BackendError(category, f"trtllm-build exited with code {res.returncode}: {tail}", res.stdout, res.stderr)
+            raise command_failure("trtllm-build", res, check_stdout=True)
         manifest = {"key": key, "fields": key_fields, "command": argv, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_s": round(time.monotonic() - started, 3), "jbench": "trtllm backend"}
         res = self._run(conn, ["sh", "-c", _WRITE_STDIN, "sh", manifest_path], 60, "writing the engine manifest",
@@ -506,10 +498,8 @@ class TrtllmBackend(Backend):
             errors.append(res.stderr)
             raw, raw_err = "\n".join(outputs), "\n".join(errors)
             if res.returncode != 0:
-                tail = "\n".join(res.stderr.strip().splitlines()[-5:])
-                category = "out_of_memory" if _looks_oom(res.stderr) else "backend_crash"
                 tool = posixpath.basename(argv[1] if argv[0] == cfg["python"] and len(argv) > 1 else argv[0])
-                raise BackendError(category, f"{tool} exited with code {res.returncode}: {tail}", raw, raw_err)
+                raise command_failure(tool, res, raw, raw_err, check_stdout=True)
             try:
                 pm, facts = self._parse(cfg, res.stdout, res.stderr)
             except BackendError as exc:
@@ -551,12 +541,6 @@ def _matching_record(records: List[JetsonBenchmarkRecord], cfg: dict) -> Optiona
         if (rec.batch_size, rec.input_length, rec.output_length) == (cfg["batch_size"], cfg["n_prompt"], cfg["n_gen"]):
             return rec
     return None
-
-
-def _looks_oom(text: str) -> bool:
-    t = text.lower()
-    return any(s in t for s in ("out of memory", "outofmemory", "failed to allocate", "cudaerrormemoryallocation",
-                                "bad_alloc"))
 
 
 __all__ = ["TrtllmBackend", "TrtllmConfig", "engine_cache_key", "max_lengths", "QUANTS", "JETSON_QUANTS", "VARIANTS",

@@ -2,11 +2,12 @@
 
 Every sample is a flat dict with `t` = seconds since the epoch **on the device's clock** (the
 phase markers of a trial come from the same clock, so there is no cross-machine skew) plus the
-signals the source has: `power_w` (total board input), `gpu_power_w`, `cpu_power_w`,
-`gpu_load_pct`, `gpu_freq_mhz`, `emc_load_pct`, `emc_freq_mhz`, `temp_max_c`, `ram_used_mb`,
-`swap_used_mb`, `cpu_load_pct`, and for NVML `energy_j` (the GPU's own energy counter).
+signals the source has: `power_w` (total board input), `gpu_power_w`, `cpu_power_w` (or, for a rail
+that feeds both, `cpu_gpu_cv_power_w` alone; rules in rails.py), `gpu_load_pct`, `gpu_freq_mhz`,
+`emc_load_pct`, `emc_freq_mhz`, `temp_max_c`, `ram_used_mb`, `swap_used_mb`, `cpu_load_pct`, and for
+NVML `energy_j` (the GPU's own energy counter).
 
-Sources (telemetry.source): tegrastats, sysfs (INA3221 hwmon), jtop (the user's own jetson-stats
+Sources (telemetry.source): tegrastats, sysfs (INA3221 hwmon or iio), jtop (the user's own jetson-stats
 install through its service), nvml (discrete NVIDIA GPUs on the local device), none; auto picks the
 first that works and records which. A sampler that cannot start says why in `problem`; it never
 produces zeros in place of a missing signal.
@@ -24,7 +25,8 @@ from typing import Optional
 
 from jbench.device.connection import Connection
 
-from jbench.device.telemetry.tegrastats import parse_line, total_input_power_mw
+from jbench.device.telemetry.rails import InputPower, power_fields
+from jbench.device.telemetry.tegrastats import parse_line
 
 log = logging.getLogger("jbench.telemetry")
 
@@ -131,15 +133,22 @@ class NoSampler(Sampler):
 
 def tegrastats_sample(t: float, line: str, rails_spec: Optional[list[str]] = None,
                       gpu_rail: Optional[str] = None, cpu_rail: Optional[str] = None) -> Optional[dict]:
+    parsed = _tegrastats_sample(t, line, _rail_profile(rails_spec, gpu_rail, cpu_rail))
+    return None if parsed is None else parsed[0]
+
+
+def _rail_profile(rails_spec, gpu_rail, cpu_rail) -> dict:
+    """The profile keys the rail rules read (jbench.device.telemetry.rails)."""
+    return {"power_rails": list(rails_spec or []), "gpu_rail": gpu_rail, "cpu_rail": cpu_rail}
+
+
+def _tegrastats_sample(t: float, line: str, profile: dict) -> Optional[tuple[dict, InputPower]]:
     s = parse_line(line)
     if s is None:
         return None
-    total = total_input_power_mw(s, rails_spec or None)
-    sample: dict = {"t": t, "power_w": None if total is None else total / 1000.0}
-    if gpu_rail and gpu_rail in s.rails:
-        sample["gpu_power_w"] = s.rails[gpu_rail].current_mw / 1000.0
-    if cpu_rail and cpu_rail in s.rails:
-        sample["cpu_power_w"] = s.rails[cpu_rail].current_mw / 1000.0
+    rails_w = {name: rail.current_mw / 1000.0 for name, rail in s.rails.items()}
+    power, total = power_fields(rails_w, profile)
+    sample: dict = {"t": t, **power}
     sample["gpu_load_pct"] = s.gpu_load_pct
     sample["gpu_freq_mhz"] = s.gpu_freqs_mhz[0] if s.gpu_freqs_mhz else None
     sample["emc_load_pct"] = s.emc_load_pct
@@ -150,9 +159,9 @@ def tegrastats_sample(t: float, line: str, rails_spec: Optional[list[str]] = Non
     sample["swap_used_mb"] = s.swap_used_mb
     loads = [c.load_pct for c in s.cpus if c.online and c.load_pct is not None]
     sample["cpu_load_pct"] = statistics.fmean(loads) if loads else None
-    for name, rail in s.rails.items():
-        sample[f"rail_{name}_w"] = rail.current_mw / 1000.0
-    return sample
+    for name, watts in rails_w.items():
+        sample[f"rail_{name}_w"] = watts
+    return sample, total
 
 
 class StreamSampler(Sampler):
@@ -192,6 +201,37 @@ class StreamSampler(Sampler):
         if self._stream is not None:
             self._stream.close()
 
+    _power_rules: tuple[str, ...] = ()
+    power_field: Optional[str] = None
+
+    def _device_json(self, fail_prefix: str):
+        """(device time, object) per line of a reader program on the device that stamps its own lines
+        (`<epoch> <json>`; no bash wrapper); a line starting with fail_prefix is the reader's reason for
+        giving up: it becomes `problem` and ends the stream. Other lines are counted as skipped."""
+        self._stream = self.conn.stream_lines(self.argv)
+        for line in self._stream:
+            if self._stop.is_set():
+                return
+            if line.startswith(fail_prefix):
+                self.problem = line[len(fail_prefix):].strip()
+                return
+            t, payload = split_stamp(line)
+            try:
+                data = json.loads(payload)
+            except json.JSONDecodeError:
+                data = None
+            if t is None or not isinstance(data, dict):
+                self.skipped_lines += 1
+                self.last_skipped = line.strip()[:300]
+                continue
+            yield t, data
+
+    def _note_power(self, total: InputPower) -> None:
+        """Which input-power rule and rails gave `power_w` (logged as the tag telemetry.power_field)."""
+        if total.label not in self._power_rules:
+            self._power_rules = (*self._power_rules, total.label)
+            self.power_field = "; ".join(self._power_rules)
+
 
 class TegrastatsSampler(StreamSampler):
     source = "tegrastats"
@@ -202,7 +242,11 @@ class TegrastatsSampler(StreamSampler):
         self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
 
     def _parse(self, t, payload):
-        return tegrastats_sample(t, payload, self.rails_spec, self.gpu_rail, self.cpu_rail)
+        parsed = _tegrastats_sample(t, payload, _rail_profile(self.rails_spec, self.gpu_rail, self.cpu_rail))
+        if parsed is None:
+            return None
+        self._note_power(parsed[1])
+        return parsed[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,25 +255,45 @@ class TegrastatsSampler(StreamSampler):
 SYSFS_READER = r"""
 import glob, json, os, sys, time
 root, interval = sys.argv[1], float(sys.argv[2]) / 1000.0
-chans = []
+def text(path):
+    with open(path) as f:
+        return f.read().strip()
+chans = []  # (rail name, divisor to W, files whose integer values multiply to the reading)
+# JetPack >= 5, hwmon: in<k>_label, in<k>_input (bus mV), curr<k>_input (mA); skip NC and the sum channel.
 for d in sorted(glob.glob(os.path.join(root, "bus/i2c/drivers/ina3221/*/hwmon/hwmon*"))):
     for lab in sorted(glob.glob(os.path.join(d, "in*_label"))):
         k = os.path.basename(lab)[2:-6]
-        name = open(lab).read().strip()
+        name = text(lab)
         if not k.isdigit() or "NC" in name or "sum" in name.lower():
             continue
         v, c = os.path.join(d, "in%s_input" % k), os.path.join(d, "curr%s_input" % k)
         if os.path.exists(v) and os.path.exists(c):
-            chans.append((name, v, c))
+            chans.append((name, 1e6, (v, c)))
+# JetPack <= 4, iio: rail_name_<k>, in_power<k>_input (mW), else in_voltage<k>_input (mV) x in_current<k>_input (mA).
+for d in sorted(glob.glob(os.path.join(root, "bus/i2c/drivers/ina3221x/*/iio:device*"))):
+    for lab in sorted(glob.glob(os.path.join(d, "rail_name_*"))):
+        k = lab.rsplit("_", 1)[1]
+        name = text(lab)
+        if not k.isdigit() or "NC" in name:
+            continue
+        p = os.path.join(d, "in_power%s_input" % k)
+        v, c = os.path.join(d, "in_voltage%s_input" % k), os.path.join(d, "in_current%s_input" % k)
+        if os.path.exists(p):
+            chans.append((name, 1e3, (p,)))
+        elif os.path.exists(v) and os.path.exists(c):
+            chans.append((name, 1e6, (v, c)))
 if not chans:
-    print("NO_RAILS no INA3221 hwmon channels under " + root, flush=True)
+    print("NO_RAILS no INA3221 hwmon channels (nor iio rail_name_* files) under " + root, flush=True)
     sys.exit(3)
 while True:
     t = time.time()
     rails = {}
-    for name, v, c in chans:
+    for name, divisor, files in chans:
         try:
-            rails[name] = int(open(v).read()) * int(open(c).read()) / 1e6
+            value = 1
+            for path in files:
+                value *= int(text(path))
+            rails[name] = value / divisor
         except (OSError, ValueError):
             pass
     print("%.6f %s" % (t, json.dumps(rails)), flush=True)
@@ -238,7 +302,8 @@ while True:
 
 
 class SysfsSampler(StreamSampler):
-    """INA3221 rails from hwmon sysfs; watts = bus mV x mA / 1e6."""
+    """INA3221 rails from sysfs (hwmon on JetPack >= 5, iio on JetPack <= 4); watts = bus mV x mA / 1e6
+    (iio: the driver's in_power mW / 1e3). Board and GPU/CPU power by the rules of telemetry/rails.py."""
 
     source = "sysfs"
 
@@ -248,31 +313,10 @@ class SysfsSampler(StreamSampler):
         self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
 
     def _run(self) -> None:
-        # The reader stamps its own lines (time.time() on the device), so no bash wrapper.
-        self._stream = self.conn.stream_lines(self.argv)
-        for line in self._stream:
-            if self._stop.is_set():
-                break
-            if line.startswith("NO_RAILS"):
-                self.problem = line[len("NO_RAILS "):]
-                return
-            t, payload = split_stamp(line)
-            try:
-                rails = json.loads(payload)
-            except json.JSONDecodeError:
-                self.skipped_lines += 1
-                continue
-            if t is None:
-                self.skipped_lines += 1
-                continue
-            sample = {"t": t, **{f"rail_{k}_w": v for k, v in rails.items()}}
-            wanted = self.rails_spec or [r for r in ("VDD_IN", "POM_5V_IN", "VIN") if r in rails][:1]
-            sample["power_w"] = sum(rails[r] for r in wanted) if wanted and all(r in rails for r in wanted) else None
-            if self.gpu_rail in rails:
-                sample["gpu_power_w"] = rails[self.gpu_rail]
-            if self.cpu_rail in rails:
-                sample["cpu_power_w"] = rails[self.cpu_rail]
-            self.samples.append(sample)
+        for t, rails in self._device_json("NO_RAILS "):
+            power, total = power_fields(rails, _rail_profile(self.rails_spec, self.gpu_rail, self.cpu_rail))
+            self._note_power(total)
+            self.samples.append({"t": t, **power, **{f"rail_{k}_w": v for k, v in rails.items()}})
         if not self.samples and not self._stop.is_set():
             self.problem = self.problem or f"sysfs reader produced no samples (last output: {self.last_skipped!r})"
 
@@ -291,10 +335,12 @@ try:
     with jtop(interval=interval) as j:
         while j.ok():
             p = j.power or {}
-            tot = (p.get("tot") or {}).get("power")
+            tot = p.get("tot") or {}
             rails = {k: v.get("power") for k, v in (p.get("rail") or {}).items()}
+            if tot.get("name"):  # jtop moves the input rail (VDD_IN, POM_5V_IN) out of 'rail' into 'tot'
+                rails[tot["name"]] = tot.get("power")
             st = j.stats or {}
-            out = {"power_mw": tot, "rails_mw": rails, "gpu_load_pct": st.get("GPU"),
+            out = {"rails_mw": rails, "gpu_load_pct": st.get("GPU"),
                    "temps": {k: v for k, v in st.items() if k.startswith("Temp")}}
             print("%.6f %s" % (time.time(), json.dumps(out, default=str)), flush=True)
 except Exception as e:
@@ -303,30 +349,27 @@ except Exception as e:
 
 
 class JtopSampler(StreamSampler):
+    """jtop's rail readings; board and GPU/CPU power by the rules of telemetry/rails.py rather than jtop's own
+    total (jetson-stats 7.2 sums every rail it found, power-supply entries and Thor's `VIN` included, when
+    there is no VDD_IN/POM_5V_IN). `rail_profile` ({power_rails, gpu_rail, cpu_rail}) may be set after
+    construction; without it the documented rules apply."""
+
     source = "jtop"
+    rail_profile: Optional[dict] = None
 
     def __init__(self, conn: Connection, interval_ms: int = 100):
         super().__init__(conn, ["python3", "-c", JTOP_READER, str(int(interval_ms))])
 
     def _run(self) -> None:
-        self._stream = self.conn.stream_lines(self.argv)
-        for line in self._stream:
-            if self._stop.is_set():
-                break
-            if line.startswith("NO_JTOP"):
-                self.problem = line[len("NO_JTOP "):]
-                return
-            t, payload = split_stamp(line)
-            try:
-                data = json.loads(payload)
-            except json.JSONDecodeError:
-                self.skipped_lines += 1
-                continue
+        for t, data in self._device_json("NO_JTOP "):
             temps = [v for v in (data.get("temps") or {}).values() if isinstance(v, (int, float)) and v > -100]
+            rails = {k: v / 1000.0 for k, v in (data.get("rails_mw") or {}).items() if isinstance(v, (int, float))}
+            power, total = power_fields(rails, self.rail_profile)
+            self._note_power(total)
             self.samples.append({
-                "t": t, "power_w": None if data.get("power_mw") is None else data["power_mw"] / 1000.0,
+                "t": t, **power,
                 "gpu_load_pct": data.get("gpu_load_pct"), "temp_max_c": max(temps) if temps else None,
-                **{f"rail_{k}_w": v / 1000.0 for k, v in (data.get("rails_mw") or {}).items() if v is not None},
+                **{f"rail_{k}_w": v for k, v in rails.items()},
             })
         if not self.samples and not self._stop.is_set():
             self.problem = self.problem or f"jtop produced no samples (last output: {self.last_skipped!r})"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
+from jbench.device.telemetry.rails import INPUT_RAILS, SUMMED_RAIL_SETS, InputPower, input_power
+
 __all__ = [
     "CpuCore",
     "Engine",
@@ -34,6 +36,7 @@ __all__ = [
     "SUMMED_RAIL_SETS",
     "parse_line",
     "parse_stream",
+    "input_power_of",
     "total_input_power_mw",
     "sample_to_dict",
 ]
@@ -319,52 +322,26 @@ def parse_stream(lines: Iterable[str]) -> tuple[list[TegrastatsSample], int]:
 
 
 # --- board power ----------------------------------------------------------------------------
-
-# Rails that already measure the whole module/board input; the other rails are part of it.
-INPUT_RAILS: tuple[str, ...] = ("VDD_IN", "POM_5V_IN", "VIN")
-
-# Modules without an input rail: (required rails, optional rails). The total is the sum of all of
-# these that the line prints (jtop's rule: the sum of every connected rail, `NC` excluded).
-SUMMED_RAIL_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "agx_xavier": (("GPU", "CPU", "SOC", "CV", "VDDRQ", "SYS5V"), ()),
-    "agx_orin": (("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0"), ("VDDQ_VDD2_1V8AO",)),
-    "thor": (("VDD_GPU", "VDD_CPU_SOC_MSS", "VIN_SYS_5V0"), ()),
-}
+# The rules live in jbench/device/telemetry/rails.py (shared with the sysfs and jtop samplers).
 
 
 def total_input_power_mw(sample: TegrastatsSample, rails_spec: Sequence[str] | None = None) -> float | None:
     """Board-level input power (mW, current value) of one sample, or None when it cannot be known.
 
-    Rules, first match wins:
-    1. `rails_spec` given (a device profile's rail names): the sum of those rails' current values.
-       Every named rail must be present, else None (a partial sum would be silently low).
-    2. An input rail is printed: `VDD_IN` (TX1, TX2, Xavier NX, Orin NX, Orin Nano), `POM_5V_IN` (Nano)
-       or `VIN` (Thor, when tegrastats prints it). It is returned alone: the other rails are
-       downstream of it and must not be added (jtop `total_power()`, jetson_stats #51, #344).
-    3. No input rail (AGX Xavier, AGX Orin, Thor without `VIN`): the sum of the module's rails, because
-       those boards monitor no single input and jtop/`domain.md` define the total as that sum:
-         - AGX Xavier: GPU + CPU + SOC + CV + VDDRQ + SYS5V
-         - AGX Orin:   VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 (+ VDDQ_VDD2_1V8AO when printed: JP5/early
-                       JP6 print it, R36.4.4 and R39.2 do not, so the total differs by that rail, ~0.3-0.8 W)
-         - Thor:       VDD_GPU + VDD_CPU_SOC_MSS + VIN_SYS_5V0
-       `NC` placeholder channels are never summed (they are not in `sample.rails`). All required rails
-       of a set must be present. Caveat: on Thor this sum is well below `VIN` (the corpus' Thor line
-       with both shows 74820 mW summed vs 87426 mW VIN), so prefer a line/profile with `VIN`.
-    4. Otherwise (no rails: non-root TX2 on JP4.6, L4T 24/28 TX1; or an unknown rail set): None.
+    `rails_spec` (a device profile's rail names) sums those rails, every one of which must be printed;
+    an empty spec gives None. Without it, the documented rule of `rails.input_power`: the input rail
+    (`VDD_IN`, `POM_5V_IN`, `VIN`) alone, else the module's summed rails (AGX Xavier, AGX Orin, Thor
+    without `VIN`), else None (no rails: non-root TX2 on JP4.6, L4T 24/28 TX1; an unknown rail set).
     """
-    rails = sample.rails
-    if rails_spec is not None:
-        if not rails_spec or any(name not in rails for name in rails_spec):
-            return None
-        return float(sum(rails[name].current_mw for name in rails_spec))
-    for name in INPUT_RAILS:
-        if name in rails:
-            return rails[name].current_mw
-    for required, optional in SUMMED_RAIL_SETS.values():
-        if all(name in rails for name in required):
-            names = list(required) + [name for name in optional if name in rails]
-            return float(sum(rails[name].current_mw for name in names))
-    return None
+    return input_power_of(sample, rails_spec).value
+
+
+def input_power_of(sample: TegrastatsSample, rails_spec: Sequence[str] | None = None) -> InputPower:
+    """`rails.input_power` over one sample's current rail values (mW); see `total_input_power_mw`."""
+    if rails_spec is not None and not rails_spec:
+        return InputPower(None, [], "profile")
+    current = {name: rail.current_mw for name, rail in sample.rails.items()}
+    return input_power(current, {"power_rails": list(rails_spec)} if rails_spec else None)
 
 
 # --- flat output ----------------------------------------------------------------------------
@@ -413,6 +390,8 @@ def sample_to_dict(sample: TegrastatsSample, rails_spec: Sequence[str] | None = 
         out[f"rail_{name}_avg_mw"] = rail.average_mw
         if rail.max_mw is not None:
             out[f"rail_{name}_max_mw"] = rail.max_mw
-    out["total_power_mw"] = total_input_power_mw(sample, rails_spec)
+    total = input_power_of(sample, rails_spec)
+    out["total_power_mw"] = total.value
+    out["total_power_rule"] = total.label
     out["unknown"] = " ".join(sample.unknown) if sample.unknown else None
     return out
