@@ -30,7 +30,7 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.results import BackendResult, PhaseResult
-from jbench.trial import Trial
+from jbench.trial import Trial, context_tokens
 from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class EngineBackend(Backend):
         if cfg["context"] < 1:
             problems.append(f"backend.context must be >= 1 (got {cfg['context']})")
         elif min(cfg["n_prompt"], cfg["n_gen"], cfg["depth"]) >= 0:
-            need = cfg["depth"] + cfg["n_prompt"] + cfg["n_gen"]
+            need = context_tokens(cfg)
             if need > cfg["context"]:
                 problems.append(f"backend.context={cfg['context']} cannot hold depth + n_prompt + n_gen = {need}: "
                                 f"raise backend.context")

@@ -38,7 +38,9 @@ def sysfs(conn: Connection, device: dict, profile: Optional[dict], interval_ms: 
 
 
 def jtop(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
-    return JtopSampler(conn, interval_ms)
+    sampler = JtopSampler(conn, interval_ms)
+    sampler.rail_profile = profile  # the module profile's rails decide the input power (rails.input_power)
+    return sampler
 
 
 def nvml(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
