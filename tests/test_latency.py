@@ -27,7 +27,8 @@ from jbench.device.local import LocalConnection
 from jbench.device.connect import connect
 from jbench.sweeps.plan import plan
 from jbench.sweeps.runner import phase_metrics
-from jbench.trial import BackendResult, config_hash
+from jbench.identity import config_hash
+from jbench.trial import BackendResult
 
 FAKE_SERVER_DIR = Path(__file__).parent / "fixtures" / "fake_llama_server"
 
