@@ -57,6 +57,10 @@ TAG_IDENTITY = "jbench.identity"
 TAG_BUILD = "jbench.build"
 TAG_MODEL_DIGEST = "jbench.model_digest"
 
+# Tags run_hashes reads (besides the params).
+RUN_TAGS = (TAG_VERSION, TAG_CONFIG_HASH, TAG_IDENTITY, TAG_BUILD, TAG_MODEL_DIGEST, "backend.build_commit",
+            "model.sha256", "model.file")
+
 Declaration = Union[bool, str, tuple]
 
 log = logging.getLogger("jbench")
@@ -225,6 +229,13 @@ def identity_leaves(backend: str, scenario: Optional[str]) -> tuple[Leaf, ...]:
     return tuple(out)
 
 
+def identity_sections() -> tuple[str, ...]:
+    """Top-level config sections that hold identity fields (params outside them never count)."""
+    from jbench.config import JBenchConfig
+
+    return tuple(f.name for f in dataclasses.fields(JBenchConfig) if declaration(f) is not False)
+
+
 def _backend_scenario(flat: Mapping[str, str]) -> tuple[str, Optional[str]]:
     backend = flat.get("backend.name")
     if not backend or backend == "???":
@@ -270,18 +281,16 @@ def identity_items_from_flat(flat: Mapping[str, str]) -> dict[str, str]:
     backend, scenario = _backend_scenario(flat)
     items: dict[str, str] = {}
     for leaf in identity_leaves(backend, scenario):
-        found = False
-        if leaf.path in flat:
+        if leaf.path in flat:  # flatten() gives a key either as a value or through sub-keys, never both
             items[leaf.path] = flat[leaf.path]
-            found = True
+            continue
         prefix = leaf.path + "."
-        for key, value in flat.items():
-            if key.startswith(prefix):
-                items[key] = value
-                found = True
-        if not found:
-            if leaf.default is None:
-                raise IdentityError(f"{leaf.path} is not set and has no default")
+        sub = {key: value for key, value in flat.items() if key.startswith(prefix)}
+        if sub:
+            items.update(sub)
+        elif leaf.default is None:
+            raise IdentityError(f"{leaf.path} is not set and has no default")
+        else:
             items[leaf.path] = leaf.default
     return items
 

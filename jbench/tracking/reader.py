@@ -377,20 +377,68 @@ def telemetry_frame(uri_or_tracker: Any, run_ids: Iterable[str], *, limit: Optio
     out.attrs["phases"] = phases
     return out
 
-def finished_trials(uri_or_tracker: Any, experiment_name: str) -> dict[str, dict]:
-    """FINISHED trial runs of an experiment keyed by `<config hash>:<round>`, with their wall time
-    (resume and duration estimates). Reads through runs_frame, which uses plain SQL on MLflow's
-    SQL store (a few seconds for 10,000 runs where search_runs takes half a minute)."""
+def with_current_hashes(df):
+    """A copy of a runs_frame with `tags.jbench.config_hash` and `tags.jbench.identity` under the current
+    hash scheme (jbench.identity.HASH_VERSION) for every row: runs recorded under an older scheme (version 1:
+    no `jbench.hash_version` tag) are identified again from their params and tags (jbench.identity.run_hashes).
+    A row that cannot be recomputed (no params) keeps its recorded config hash; its identity is missing.
+    What a run recorded is kept in `tags.jbench.config_hash_recorded`."""
+    from jbench.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
+
+    out = df.copy()
+    hashes = out["tags.jbench.config_hash"] if "tags.jbench.config_hash" in out else None
+    out["tags.jbench.config_hash_recorded"] = hashes if hashes is not None else None
+    config = list(hashes) if hashes is not None else [None] * len(out)
+    identity = list(out["tags.jbench.identity"]) if "tags.jbench.identity" in out else [None] * len(out)
+    versions = list(out["tags.jbench.hash_version"]) if "tags.jbench.hash_version" in out else [None] * len(out)
+    need = [i for i, version in enumerate(versions) if version != str(HASH_VERSION)]
+    if need:
+        sub = out.iloc[need]
+        sections = tuple(f"params.{name}." for name in identity_sections())
+        # Column by column (only what identity reads): much faster than row records on wide frames.
+        param_cols = {c[len("params."):]: sub[c].tolist() for c in out.columns if c.startswith(sections)}
+        tag_cols = {t: sub[f"tags.{t}"].tolist() for t in RUN_TAGS if f"tags.{t}" in out.columns}
+        starts = _epoch_ms(sub["start_time"]) if "start_time" in sub else [None] * len(need)
+        for j, i in enumerate(need):
+            params = {k: v[j] for k, v in param_cols.items() if isinstance(v[j], str)}
+            tags = {k: v[j] for k, v in tag_cols.items() if isinstance(v[j], str)}
+            chash, ident = run_hashes(params, tags, start_time_ms=starts[j])
+            if chash is not None:
+                config[i] = chash
+            identity[i] = ident
+    out["tags.jbench.config_hash"] = config
+    out["tags.jbench.identity"] = identity
+    return out
+
+
+def _epoch_ms(series) -> list[Optional[float]]:
+    """Datetimes (UTC) as epoch milliseconds; None where missing."""
+    return [None if t is None or t != t else t.value / 1e6 for t in series]
+
+
+def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "config_hash") -> dict[str, dict]:
+    """FINISHED trial runs of an experiment keyed by `<hash>:<round>`, with their wall time
+    (resume and duration estimates): {key: {"run_id", "wall_s"}}.
+
+    key="identity": the trial identity (jbench.identity.trial_identity: identity fields, backend build and
+    model digest), what resume must match on (tag `jbench.identity`). key="config_hash": the configuration
+    alone (Trial.config_hash), e.g. for duration estimates. Runs recorded under an older hash scheme
+    (version 1) are identified again from their params and tags (with_current_hashes), so stores written
+    by earlier versions still resume. Reads through runs_frame, which uses plain SQL on MLflow's SQL store
+    (a few seconds for 10,000 runs where search_runs takes half a minute)."""
+    if key not in ("identity", "config_hash"):
+        raise ValueError(f"key must be 'identity' or 'config_hash', not {key!r}")
     if _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name) is None:
         return {}
     df = runs_frame(uri_or_tracker, [experiment_name], kinds=("trial",))
     found: dict[str, dict] = {}
-    if df.empty or "tags.jbench.config_hash" not in df:
+    if df.empty:
         return found
-    done = df[df["status"] == "FINISHED"]
+    done = with_current_hashes(df[df["status"] == "FINISHED"].reset_index(drop=True))
+    column = "tags.jbench.identity" if key == "identity" else "tags.jbench.config_hash"
     rounds = done["tags.jbench.round"] if "tags.jbench.round" in done else None
     walls = done["metrics.trial_wall_s"] if "metrics.trial_wall_s" in done else None
-    for i, (run_id, h) in enumerate(zip(done["run_id"], done["tags.jbench.config_hash"])):
+    for i, (run_id, h) in enumerate(zip(done["run_id"], done[column])):
         if not isinstance(h, str) or not h:
             continue
         r = rounds.iloc[i] if rounds is not None and isinstance(rounds.iloc[i], str) else "1"
