@@ -204,22 +204,23 @@ class IdentityError(ValueError):
 
 
 @lru_cache(maxsize=64)
-def identity_leaves(backend: str, scenario: Optional[str]) -> tuple[Leaf, ...]:
-    """The identity keys of a trial of this backend in this scenario, with their canonical defaults."""
-    from jbench.backends.base import backend_class
+def identity_leaves(backend: Optional[str], scenario: Optional[str]) -> tuple[Leaf, ...]:
+    """The identity keys of a trial of this backend in this scenario, with their canonical defaults.
+
+    backend None: a backend that cannot be loaded (unknown name, broken plugin); its section is then left
+    out here and identity_items_from_flat counts every backend key it has (nothing declares otherwise)."""
     from jbench.config import JBenchConfig
 
-    sections = section_schemas()
-    try:
-        sections["backend"] = backend_class(backend).CONFIG
-    except Exception as exc:  # unknown or broken plugin
-        raise IdentityError(f"backend '{backend}' cannot be loaded: {exc}") from None
+    sections: dict[str, Optional[type]] = dict(section_schemas())
+    sections["backend"] = _backend_schema(backend) if backend is not None else None
     out: list[Leaf] = []
     for f in dataclasses.fields(JBenchConfig):
         declared = declaration(f)
         if declared is None:
             declared = True
         if declared is False or (isinstance(declared, tuple) and scenario not in declared):
+            continue
+        if f.name == "backend" and sections["backend"] is None:
             continue
         schema = sections.get(f.name) or _nested_schema(f)
         if schema is None:
@@ -229,6 +230,7 @@ def identity_leaves(backend: str, scenario: Optional[str]) -> tuple[Leaf, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
 def identity_sections() -> tuple[str, ...]:
     """Top-level config sections that hold identity fields (params outside them never count)."""
     from jbench.config import JBenchConfig
@@ -236,18 +238,27 @@ def identity_sections() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(JBenchConfig) if declaration(f) is not False)
 
 
-def _backend_scenario(flat: Mapping[str, str]) -> tuple[str, Optional[str]]:
+@lru_cache(maxsize=64)
+def _backend_schema(name: str) -> Optional[type]:
+    """A backend's CONFIG, or None when it cannot be loaded (cached: the registry reads entry points)."""
+    from jbench.backends.base import backend_class
+
+    try:
+        return backend_class(name).CONFIG
+    except Exception:  # unknown name or broken plugin: the planner reports it; identity stays computable
+        return None
+
+
+def _backend_scenario(flat: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
+    """(backend name, scenario) of a flat config; the name is None when that backend cannot be loaded."""
     backend = flat.get("backend.name")
     if not backend or backend == "???":
         raise IdentityError("the config names no backend (backend.name)")
+    schema = _backend_schema(backend)
+    if schema is None:
+        return None, flat.get("backend.scenario")
     scenario = flat.get("backend.scenario")
     if scenario is None:
-        from jbench.backends.base import backend_class
-
-        try:
-            schema = backend_class(backend).CONFIG
-        except Exception as exc:
-            raise IdentityError(f"backend '{backend}' cannot be loaded: {exc}") from None
         default = {f.name: f.default for f in dataclasses.fields(schema)}.get("scenario", MISSING)
         scenario = None if default is MISSING else default
     return backend, scenario
@@ -273,23 +284,33 @@ def flat_params(config: Mapping) -> dict[str, str]:
     return {k: canonical(v) for k, v in flatten(dict(config)).items()}
 
 
-def identity_items_from_flat(flat: Mapping[str, str]) -> dict[str, str]:
+def identity_items_from_flat(flat: Mapping[str, Any], *, strict: bool = True, convert=None) -> dict[str, str]:
     """The identity keys and canonical values of a flat config (params of a run: dotted key -> string).
 
-    A key the flat config lacks gets the field's default; a mandatory one (no default) raises IdentityError.
-    Map-valued fields (e.g. backend.vars) count through their dotted sub-keys."""
-    backend, scenario = _backend_scenario(flat)
+    A key the flat config lacks gets the field's default; a mandatory one (no default) raises IdentityError
+    (strict, for recorded runs: such a run is not identifiable) or counts as "???" (a config being planned:
+    composition reports it). Map-valued fields (e.g. backend.vars) count through their dotted sub-keys.
+    convert: applied to each value taken (canonical() for a flattened live config; params are strings)."""
+    conv = convert or (lambda v: v)
+    if strict or flat.get("backend.name") not in (None, "", "???"):
+        backend, scenario = _backend_scenario({k: flat[k] for k in ("backend.name", "backend.scenario") if k in flat})
+    else:
+        backend, scenario = None, None
     items: dict[str, str] = {}
+    if backend is None:  # no declarations to go by: every backend key counts (a re-run, never a wrong skip)
+        items.update({k: conv(v) for k, v in flat.items() if k.startswith("backend.")})
     for leaf in identity_leaves(backend, scenario):
         if leaf.path in flat:  # flatten() gives a key either as a value or through sub-keys, never both
-            items[leaf.path] = flat[leaf.path]
+            items[leaf.path] = conv(flat[leaf.path])
             continue
         prefix = leaf.path + "."
-        sub = {key: value for key, value in flat.items() if key.startswith(prefix)}
+        sub = {key: conv(value) for key, value in flat.items() if key.startswith(prefix)}
         if sub:
             items.update(sub)
         elif leaf.default is None:
-            raise IdentityError(f"{leaf.path} is not set and has no default")
+            if strict:
+                raise IdentityError(f"{leaf.path} is not set and has no default")
+            items[leaf.path] = "???"
         else:
             items[leaf.path] = leaf.default
     return items
@@ -297,7 +318,10 @@ def identity_items_from_flat(flat: Mapping[str, str]) -> dict[str, str]:
 
 def identity_items(config: Mapping) -> dict[str, str]:
     """The part of a resolved trial config that is its identity, as dotted key -> canonical string."""
-    return identity_items_from_flat(flat_params(config))
+    from jbench.trial import flatten
+
+    sections = {k: config[k] for k in identity_sections() if k in config}  # only these can hold identity
+    return identity_items_from_flat(flatten(sections), strict=False, convert=canonical)
 
 
 def _digest(payload: dict) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 # A trial's identity (which config fields count, the build and the model digest) is declared on the
 # schemas and computed in jbench.identity; config_hash stays importable from here for existing callers.
-from jbench.identity import config_hash, identity_items as semantic_config  # noqa: E402,F401
+from jbench.identity import config_hash  # noqa: F401
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:

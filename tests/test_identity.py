@@ -332,3 +332,23 @@ def test_v1_run_of_a_local_user_file_gets_its_digest_while_the_file_is_unchanged
     # On a remote device the controller cannot look.
     remote = {**params, "device.kind": "ssh"}
     assert run_hashes(remote, tags, start_time_ms=start_ms)[1] is None
+
+
+def test_a_config_being_planned_always_has_a_hash():
+    """Problems (an unknown backend, a missing key) are the planner's to report: hashing never fails."""
+    bogus = _set(_config(), "backend.name", "bogus")
+    assert config_hash(bogus) != config_hash(_set(bogus, "backend.n_gen", 1))  # every key of an unknown backend counts
+    assert config_hash(bogus) == config_hash(_set(bogus, "tracking.uri", "x"))
+    assert len(config_hash({})) == 16
+    p = plan(["backend.name=bogus", "model.quant=Q4_0"])
+    assert "unknown backend 'bogus'" in "\n".join(p.problems) and len(p.trials[0].config_hash) == 16
+    # A recorded run without its backend or a mandatory key is not identifiable.
+    assert run_hashes({"backend.name": "llamacpp"}, {}) == (None, None)
+
+
+@pytest.mark.parametrize("value", [None, True, False, 0, 64, 0.9, 1e-05, "f16", "", [], ["-fa", "1"], {},
+                                   {"b": 1, "a": [1, 2]}, "x" * 100])
+def test_canonical_values_are_the_params_the_runner_records(value):
+    from jbench.tracking.common import param_value
+
+    assert identity.canonical(value) == param_value(value)
