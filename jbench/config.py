@@ -9,83 +9,90 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from jbench.identity import ident, nonident
+
 # ---------------------------------------------------------------------------------------------
 # Schemas. Field defaults here are the documented defaults; conf/*.yaml only fill in what differs.
+# Every field declares whether it is part of a trial's identity (jbench/identity.py): ident(...) for what
+# a result depends on, nonident(...) for where things live, time-outs, credentials, tracking, sampling.
 
 
 @dataclass
 class DevicePaths:
     """Where jbench reads Jetson facts on the device (defaults are L4T's own paths)."""
 
-    nvpmodel_conf: str = "/etc/nvpmodel.conf"
-    device_tree_model: str = "/proc/device-tree/model"
-    tegra_release: str = "/etc/nv_tegra_release"
+    nvpmodel_conf: str = nonident("/etc/nvpmodel.conf")
+    device_tree_model: str = nonident("/proc/device-tree/model")
+    tegra_release: str = nonident("/etc/nv_tegra_release")
     # Changes at every boot: how jbench knows a reboot really happened.
-    boot_id: str = "/proc/sys/kernel/random/boot_id"
+    boot_id: str = nonident("/proc/sys/kernel/random/boot_id")
     # Root of sysfs for the INA3221 reader (telemetry.source=sysfs).
-    sysfs_root: str = "/sys"
+    sysfs_root: str = nonident("/sys")
     # jbench's own files on the device (power state file, jetson_clocks store); "~" = the login user's home.
-    state_dir: str = "~/.cache/jbench"
+    state_dir: str = nonident("~/.cache/jbench")
 
 
 @dataclass
 class DeviceConfig:
     """What a device is and how to reach it (the inventory entry)."""
 
-    name: str = "local"
+    # The device's name is its identity; how it is reached (kind, host, credentials, paths) is not.
+    name: str = ident("local")
     # "local" runs commands on this machine through the same Connection interface SSH uses.
-    kind: str = "local"
-    host: Optional[str] = None
-    user: Optional[str] = None
-    port: int = 22
-    key: Optional[str] = None
+    kind: str = nonident("local")
+    host: Optional[str] = nonident(None)
+    user: Optional[str] = nonident(None)
+    port: int = nonident(22)
+    key: Optional[str] = nonident(None)
     # A module profile name from conf/profile (orin_nano_8gb, agx_orin_64gb, ...); None: not a Jetson.
-    profile: Optional[str] = None
+    # (nonident: the module is a property of the named device; the profile only says where its sensors are)
+    profile: Optional[str] = nonident(None)
     # known_hosts file to verify the host key against; None: the user's ~/.ssh/known_hosts.
-    known_hosts: Optional[str] = None
+    known_hosts: Optional[str] = nonident(None)
     # Explicit opt-in to record an unknown host key (trust on first use).
-    accept_new_host_key: bool = False
-    connect_timeout_s: float = 10.0
-    keepalive_s: float = 15.0
+    accept_new_host_key: bool = nonident(False)
+    connect_timeout_s: float = nonident(10.0)
+    keepalive_s: float = nonident(15.0)
     # Jump host as user@host:port (ProxyJump); same host-key rules.
-    jump: Optional[str] = None
+    jump: Optional[str] = nonident(None)
     # Memory bandwidth you measured (GB/s); overrides jbench calibrate and the profile datasheet figure.
-    bandwidth_gbs: Optional[float] = None
+    bandwidth_gbs: Optional[float] = nonident(None)
     # Name of an environment variable holding the sudo password (passwordless sudoers is preferred).
-    sudo_password_env: Optional[str] = None
-    paths: DevicePaths = field(default_factory=DevicePaths)
-    tags: Dict[str, str] = field(default_factory=dict)
+    sudo_password_env: Optional[str] = nonident(None)
+    paths: DevicePaths = nonident(default_factory=DevicePaths)
+    tags: Dict[str, str] = nonident(default_factory=dict)
 
 
 @dataclass
 class ProfileConfig:
     """A Jetson module: datasheet facts and where its telemetry lives."""
 
-    name: str = "???"
-    module: str = "???"
-    soc: str = "???"
-    gpu_arch: str = "???"
+    # None of it changes what a trial measures (all nonident): the device is identified by device.name.
+    name: str = nonident("???")
+    module: str = nonident("???")
+    soc: str = nonident("???")
+    gpu_arch: str = nonident("???")
     # Datasheet DRAM bandwidth; effective bandwidth is lower (about 70-80 %).
-    memory_bandwidth_gbs: float = "???"  # type: ignore[assignment]
-    ram_gb: float = "???"  # type: ignore[assignment]
+    memory_bandwidth_gbs: float = nonident("???")  # type: ignore[assignment]
+    ram_gb: float = nonident("???")  # type: ignore[assignment]
     # Rails whose sum is the board input power; [] = the documented rule (VDD_IN/POM_5V_IN/VIN, or the module's sum).
-    power_rails: List[str] = field(default_factory=list)
-    gpu_rail: Optional[str] = None
-    cpu_rail: Optional[str] = None
-    gpu_devfreq: Optional[str] = None
-    emc_clock: Optional[str] = None
+    power_rails: List[str] = nonident(default_factory=list)
+    gpu_rail: Optional[str] = nonident(None)
+    cpu_rail: Optional[str] = nonident(None)
+    gpu_devfreq: Optional[str] = nonident(None)
+    emc_clock: Optional[str] = nonident(None)
     # Temperature above which a trial is flagged as possibly throttled; None: not known for this module.
-    throttle_temp_c: Optional[float] = None
+    throttle_temp_c: Optional[float] = nonident(None)
     # Mode names this module usually offers (documentation only: ids and the real list come from the device).
-    power_modes: List[str] = field(default_factory=list)
+    power_modes: List[str] = nonident(default_factory=list)
     # Substrings of /proc/device-tree/model that identify the module.
-    model_match: List[str] = field(default_factory=list)
+    model_match: List[str] = nonident(default_factory=list)
 
 
 @dataclass
@@ -93,123 +100,127 @@ class TelemetryConfig:
     """Sampling on the device during each trial (see jbench/device/telemetry/samplers.py)."""
 
     # auto | tegrastats | jtop | nvml | sysfs | none
-    source: str = "auto"
-    interval_ms: int = 100
+    source: str = nonident("auto")
+    interval_ms: int = nonident(100)
     # Idle baseline sampled before the backend starts, and cooldown after it ends.
-    idle_s: float = 3.0
-    cooldown_s: float = 2.0
+    idle_s: float = nonident(3.0)
+    cooldown_s: float = nonident(2.0)
     # Run a phase again, longer, when its speed window is shorter than energy.min_window_s.
-    energy_pass: bool = True
+    energy_pass: bool = nonident(True)
 
 
 @dataclass
 class EnergyConfig:
-    min_window_s: float = 5.0
-    min_samples: int = 5
-    min_coverage: float = 0.9
+    min_window_s: float = nonident(5.0)
+    min_samples: int = nonident(5)
+    min_coverage: float = nonident(0.9)
 
 
 @dataclass
 class PowerConfig:
     """The power state a trial runs in. None leaves that setting as the device has it."""
 
-    mode: Optional[str] = None
-    jetson_clocks: Optional[bool] = None
-    # "max" runs `jetson_clocks --fan`; None leaves the fan alone.
-    fan: Optional[str] = None
-    allow_reboot: bool = False
-    reboot_timeout_s: float = 300.0
+    mode: Optional[str] = ident(None)
+    jetson_clocks: Optional[bool] = ident(None)
+    # "max" runs `jetson_clocks --fan`; None leaves the fan alone. (identity: it changes thermals, hence clocks)
+    fan: Optional[str] = ident(None)
+    allow_reboot: bool = nonident(False)
+    reboot_timeout_s: float = nonident(300.0)
 
 
 @dataclass
 class ModelConfig:
     """A model and the quantization level a trial runs."""
 
-    name: str = "???"
-    display_name: str = ""
-    quant: str = "???"
+    name: str = ident("???")
+    display_name: str = nonident("")
+    quant: str = ident("???")
     # "bundled": installed and quantized by `jbench setup` from a PyPI package.
     # "files": user-provided GGUF files, by quant in `files` or through `path_template`.
-    source: str = "files"
-    package: Optional[str] = None
-    package_version: Optional[str] = None
+    source: str = nonident("files")
+    package: Optional[str] = nonident(None)
+    package_version: Optional[str] = nonident(None)
     # SHA-256 of the source file (bundled) as published by its package.
-    sha256: Optional[str] = None
-    source_quant: Optional[str] = None
+    sha256: Optional[str] = ident(None)
+    source_quant: Optional[str] = ident(None)
+    # Where the file lives (files, path_template, package) is not identity: the file's SHA-256 is, passed
+    # to jbench.identity.trial_identity as model_digest.
     # Quant levels `jbench setup` derives for a bundled model.
-    ladder: List[str] = field(default_factory=list)
+    ladder: List[str] = nonident(default_factory=list)
     # Maximum context (tokens); None: read from the GGUF file when it is on this machine.
-    context_length: Optional[int] = None
-    files: Dict[str, str] = field(default_factory=dict)
+    context_length: Optional[int] = nonident(None)
+    files: Dict[str, str] = nonident(default_factory=dict)
     # e.g. "/models/qwen3-4b-{quant}.gguf"; {quant} is the quant name.
-    path_template: Optional[str] = None
+    path_template: Optional[str] = nonident(None)
 
 
 @dataclass
 class TrackingConfig:
     """Where results go. uri None: $MLFLOW_TRACKING_URI, else SQLite under results_dir."""
 
-    uri: Optional[str] = None
-    results_dir: str = "results"
+    uri: Optional[str] = nonident(None)
+    results_dir: str = nonident("results")
     # None: the experiment's name.
-    experiment_name: Optional[str] = None
+    experiment_name: Optional[str] = nonident(None)
 
 
 @dataclass
 class ExperimentConfig:
-    name: str = "adhoc"
-    description: str = ""
+    name: str = nonident("adhoc")
+    description: str = nonident("")
 
 
 @dataclass
 class SweepConfig:
     # Dotted config key (or config group name) -> the values to sweep.
-    grid: Dict[str, Any] = field(default_factory=dict)
+    grid: Dict[str, Any] = nonident(default_factory=dict)
     # Dimensions that vary together (zipped), e.g. [[backend.cache_type_k, backend.cache_type_v]].
-    link: List[List[str]] = field(default_factory=list)
+    link: List[List[str]] = nonident(default_factory=list)
     # Cells that are meaningless in this grid, dropped with a note: each entry maps keys to a value
     # (or a list of values); a cell matching every key of an entry is dropped.
-    exclude: List[Dict[str, Any]] = field(default_factory=list)
+    exclude: List[Dict[str, Any]] = nonident(default_factory=list)
     # Drop cells whose depth + prompt + generation exceed the model's context length (with a note).
-    drop_beyond_context: bool = False
+    drop_beyond_context: bool = nonident(False)
     # Drop (with a note) trials whose backend is not available on the device, instead of failing.
-    skip_unavailable_backends: bool = False
+    skip_unavailable_backends: bool = nonident(False)
     # Split each trial's repetitions over this many interleaved passes of the whole sweep.
-    rounds: int = 1
+    rounds: int = nonident(1)
     # Run trials again even when a FINISHED run with the same config hash exists.
-    rerun: bool = False
+    rerun: bool = nonident(False)
     # A trial whose decode (or prefill) tok/s coefficient of variation exceeds this is tagged noisy.
-    max_cv: float = 0.05
-    rerun_noisy: bool = False
+    max_cv: float = nonident(0.05)
+    rerun_noisy: bool = nonident(False)
     # Memory kept free for the OS and runtime when checking that model + KV cache fit.
-    memory_reserve_gb: float = 1.0
+    memory_reserve_gb: float = nonident(1.0)
     # Connection retries (with exponential backoff) before a trial counts as failed.
-    connection_retries: int = 3
+    connection_retries: int = nonident(3)
 
 
 @dataclass
 class ThermalConfig:
     """Thermal gate before each trial; devices without temperature sensors are not gated."""
 
-    start_below_c: Optional[float] = 60.0
-    timeout_s: float = 600.0
-    poll_s: float = 5.0
+    start_below_c: Optional[float] = nonident(60.0)
+    timeout_s: float = nonident(600.0)
+    poll_s: float = nonident(5.0)
     # Extra wait before every trial (after the gate).
-    cooldown_s: float = 0.0
+    cooldown_s: float = nonident(0.0)
 
 
 @dataclass
 class JBenchConfig:
-    device: Any = "???"
-    backend: Any = "???"
-    model: Any = "???"
-    tracking: Any = "???"
-    power: PowerConfig = field(default_factory=PowerConfig)
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
-    energy: EnergyConfig = field(default_factory=EnergyConfig)
-    thermal: ThermalConfig = field(default_factory=ThermalConfig)
-    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
+    # Sections declared nonident drop out whole; the others count through their own fields' declarations.
+    # Keys the planner adds (profile, quality, round) are no schema field and never identity.
+    device: Any = ident("???")
+    backend: Any = ident("???")
+    model: Any = ident("???")
+    tracking: Any = nonident("???")
+    power: PowerConfig = ident(default_factory=PowerConfig)
+    telemetry: TelemetryConfig = nonident(default_factory=TelemetryConfig)
+    energy: EnergyConfig = nonident(default_factory=EnergyConfig)
+    thermal: ThermalConfig = nonident(default_factory=ThermalConfig)
+    experiment: ExperimentConfig = nonident(default_factory=ExperimentConfig)
+    sweep: SweepConfig = nonident(default_factory=SweepConfig)
 
 
 def register_schemas() -> None:

@@ -2,59 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-# Keys that do not change what a trial measures; they stay out of its identity hash.
-_NON_SEMANTIC = {
-    "tracking": None,
-    "sweep": None,
-    "profile": None,
-    "telemetry": None,
-    "energy": None,
-    "thermal": None,
-    "quality": None,
-    "round": None,
-    "experiment": None,
-    "backend": {"timeout_s", "binary_dir", "server_ready_timeout_s"},
-    "model": {"display_name", "files", "path_template", "package", "package_version", "ladder"},
-    "device": {"host", "user", "port", "key", "tags", "known_hosts", "accept_new_host_key", "connect_timeout_s",
-               "keepalive_s", "jump", "sudo_password_env", "paths", "bandwidth_gbs"},
-}
-
-
-# Backend keys that only matter in one scenario (backend.scenario, llama.cpp's "bench" or "latency"). A bench
-# trial drops the latency keys and `scenario` itself, so its hash is the one it had before scenarios existed.
-_SCENARIO_ONLY = {
-    "bench": {"scenario", "latency_requests", "latency_concurrency", "latency_warmup_requests", "context",
-              "server_extra_args"},
-    "latency": {"repetitions", "warmup", "extra_args"},
-}
-
-
-def semantic_config(config: dict) -> dict:
-    """The part of a resolved trial config that determines what is measured."""
-    out = {}
-    for section, value in config.items():
-        if section in _NON_SEMANTIC and _NON_SEMANTIC[section] is None:
-            continue
-        drop = _NON_SEMANTIC.get(section) or set()
-        if section == "backend" and isinstance(value, dict) and value.get("scenario") in _SCENARIO_ONLY:
-            drop = drop | _SCENARIO_ONLY[value["scenario"]]
-        if isinstance(value, dict):
-            out[section] = {k: v for k, v in value.items() if k not in drop}
-        else:
-            out[section] = value
-    return out
-
-
-def config_hash(config: dict) -> str:
-    """Stable identity of a trial: SHA-256 of its semantic config as canonical JSON (key order free)."""
-    canonical = json.dumps(semantic_config(config), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+# A trial's identity (which config fields count, the build and the model digest) is declared on the
+# schemas and computed in jbench.identity; config_hash stays importable from here for existing callers.
+from jbench.identity import config_hash  # noqa: F401
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:

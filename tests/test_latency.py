@@ -28,7 +28,7 @@ from jbench.device.local import LocalConnection
 from jbench.device.connect import connect
 from jbench.sweeps.plan import plan
 from jbench.sweeps.analyses import phase_metrics
-from jbench.trial import config_hash
+from jbench.identity import config_hash
 from jbench.results import BackendResult
 
 FAKE_SERVER_DIR = Path(__file__).parent / "fixtures" / "fake_llama_server"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -14,6 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from jbench.tracking.common import resolve_uri
 from jbench.trial import resume_key
+
+log = logging.getLogger("jbench")
 
 # --- reading results (report, compare, regress, export) ---------------------------------------
 # Reading is batched like writing: runs come from paginated search_runs calls (5000 runs a page,
@@ -62,6 +65,50 @@ def _sql_store(client: MlflowClient):
         return None
     store = getattr(getattr(client, "_tracking_client", None), "store", None)
     return store if type(store) is SqlAlchemyStore else None
+
+
+# Tables and columns the SQL fast path reads (MLflow's own schema, which MLflow may change).
+_SQL_NEEDS = {
+    "runs": {"run_uuid", "experiment_id", "status", "start_time", "end_time", "lifecycle_stage"},
+    "tags": {"run_uuid", "key", "value"},
+    "params": {"run_uuid", "key", "value"},
+    "latest_metrics": {"run_uuid", "key", "value", "is_nan"},
+}
+_sql_checked: dict[str, Optional[str]] = {}
+
+
+def _sql_capable(store) -> Optional[str]:
+    """None when the store's database has every table and column the SQL fast path reads (checked once
+    per database), else why not: the reader then uses the public search API."""
+    try:
+        engine = store.engine
+        url = str(engine.url)
+    except Exception as exc:  # not an SQLAlchemy store after all
+        return f"no SQL engine ({type(exc).__name__}: {exc})"
+    if url in _sql_checked:
+        return _sql_checked[url]
+    why: Optional[str] = None
+    try:
+        from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlParam, SqlRun, SqlTag
+        from sqlalchemy import inspect
+
+        models = {"runs": SqlRun, "tags": SqlTag, "params": SqlParam, "latest_metrics": SqlLatestMetric}
+        inspector = inspect(engine)
+        for table, columns in _SQL_NEEDS.items():
+            if models[table].__table__.name != table:
+                why = f"MLflow's {models[table].__name__} is no longer table {table}"
+                break
+            have = {c["name"] for c in inspector.get_columns(table)}
+            if not have:
+                why = f"table {table} is missing"
+                break
+            if columns - have:
+                why = f"table {table} lacks column(s) {', '.join(sorted(columns - have))}"
+                break
+    except Exception as exc:  # ImportError after an MLflow change, a database error, ...
+        why = f"{type(exc).__name__}: {exc}"
+    _sql_checked[url] = why
+    return why
 
 
 def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None, run_ids=None) -> list[tuple]:
@@ -120,6 +167,37 @@ def _runs_via_sql(store, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None
              params[run_id], metrics[run_id], tags[run_id]) for run_id in chosen]
 
 
+def _runs_via_search(client: MlflowClient, exp_ids: list[str], keep, *, kinds=None, sweep_ids=None, run_ids=None,
+                     tag_filters: Optional[dict[str, str]] = None) -> list[tuple]:
+    """The same rows as _runs_via_sql, through MlflowClient.search_runs (any store, MLflow servers included).
+
+    Filters go to the server where MLflow's search syntax allows (IN only for run_id, so several sweep ids
+    mean one search each); everything is checked again here by keep()."""
+    tag_filters = tag_filters or {}
+    base: list[str] = [f"tags.`{k}` = '{v}'" for k, v in tag_filters.items() if _quotable(k) and _quotable(v)]
+    if kinds is not None and len(kinds) == 1 and _quotable(kinds[0]):
+        base.append(f"tags.`jbench.kind` = '{kinds[0]}'")
+    sweep_clauses: list[Optional[str]] = [None]
+    if sweep_ids is not None:
+        sweep_clauses = [f"tags.`jbench.sweep_id` = '{s}'" for s in sweep_ids if _quotable(s)]
+    id_clauses: list[Optional[str]] = [None]
+    if run_ids is not None:
+        id_clauses = [
+            "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids[i:i + _RUN_ID_CHUNK]) + ")"
+            for i in range(0, len(run_ids), _RUN_ID_CHUNK)
+            if all(_quotable(r) for r in run_ids[i:i + _RUN_ID_CHUNK])
+        ]
+    found: dict[str, Any] = {}
+    for sweep_clause in sweep_clauses:
+        for id_clause in id_clauses:
+            clauses = base + [c for c in (sweep_clause, id_clause) if c]
+            for run in _search_all(client, exp_ids, " and ".join(clauses)):
+                found.setdefault(run.info.run_id, run)
+    return [(r.info.run_id, r.info.experiment_id, r.info.status, r.info.start_time, r.info.end_time,
+             r.data.params, r.data.metrics, r.data.tags)
+            for r in found.values() if keep(r.info.run_id, r.data.tags)]
+
+
 def runs_frame(
     uri_or_tracker: Any,
     experiment_names: Optional[list[str]] = None,
@@ -145,8 +223,10 @@ def runs_frame(
     method: "search" reads through MlflowClient.search_runs (5000 runs a page; any store, MLflow
     servers included); "sql" reads the same rows of an SQL store (MLflow's SQLAlchemy store) with
     plain SELECTs over MLflow's table definitions, ~10x faster on 10,000 runs because no ORM
-    objects are built; "auto" (default): "sql" where the store is MLflow's SQLAlchemy store, else
-    "search". A test checks that both give the same frame.
+    objects are built; "auto" (default): "sql" where the store is MLflow's SQLAlchemy store and its
+    database has the tables and columns the fast path reads (checked once per database), else
+    "search"; any error of the SQL path falls back to "search" (one debug log line says why), so
+    a change of MLflow's schema costs speed, never results. Tests check that both give the same frame.
     """
     import pandas as pd
 
@@ -187,36 +267,26 @@ def runs_frame(
     store = _sql_store(client) if method in ("auto", "sql") else None
     if method == "sql" and store is None:
         raise ValueError(f"method='sql' needs MLflow's SQL store; {client.tracking_uri} is not one")
-    rows: list[tuple] = []
+    rows: Optional[list[tuple]] = None
     if not exp_names:
-        pass
-    elif store is not None:
+        rows = []
+    elif method == "sql":  # asked for explicitly: errors are the caller's to see
         rows = _runs_via_sql(store, list(exp_names), keep, kinds=kinds, sweep_ids=sweep_list, run_ids=id_list)
-    else:
-        # Filters go to the server where MLflow's search syntax allows (IN only for run_id, so several
-        # sweep ids mean one search each); everything is checked again here by keep().
-        base: list[str] = [f"tags.`{k}` = '{v}'" for k, v in tag_filters.items() if _quotable(k) and _quotable(v)]
-        if kinds is not None and len(kinds) == 1 and _quotable(kinds[0]):
-            base.append(f"tags.`jbench.kind` = '{kinds[0]}'")
-        sweep_clauses: list[Optional[str]] = [None]
-        if sweep_list is not None:
-            sweep_clauses = [f"tags.`jbench.sweep_id` = '{s}'" for s in sweep_list if _quotable(s)]
-        id_clauses: list[Optional[str]] = [None]
-        if id_list is not None:
-            id_clauses = [
-                "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in id_list[i:i + _RUN_ID_CHUNK]) + ")"
-                for i in range(0, len(id_list), _RUN_ID_CHUNK)
-                if all(_quotable(r) for r in id_list[i:i + _RUN_ID_CHUNK])
-            ]
-        found: dict[str, Any] = {}
-        for sweep_clause in sweep_clauses:
-            for id_clause in id_clauses:
-                clauses = base + [c for c in (sweep_clause, id_clause) if c]
-                for run in _search_all(client, list(exp_names), " and ".join(clauses)):
-                    found.setdefault(run.info.run_id, run)
-        rows = [(r.info.run_id, r.info.experiment_id, r.info.status, r.info.start_time, r.info.end_time,
-                 r.data.params, r.data.metrics, r.data.tags)
-                for r in found.values() if keep(r.info.run_id, r.data.tags)]
+    elif store is not None:
+        # The fast path reads MLflow's tables directly, so it runs only where they look as expected and
+        # any error (a schema change, a database hiccup mid-query) falls back to the public search API.
+        why = _sql_capable(store)
+        if why is None:
+            try:
+                rows = _runs_via_sql(store, list(exp_names), keep, kinds=kinds, sweep_ids=sweep_list,
+                                     run_ids=id_list)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+        if rows is None:
+            log.debug("reading runs through MLflow's search API, not SQL (%s)", why)
+    if rows is None:
+        rows = _runs_via_search(client, list(exp_names), keep, kinds=kinds, sweep_ids=sweep_list, run_ids=id_list,
+                                tag_filters=tag_filters)
 
     records = []
     keys: dict[str, set] = {"params": set(), "metrics": set(), "tags": set()}
@@ -308,20 +378,68 @@ def telemetry_frame(uri_or_tracker: Any, run_ids: Iterable[str], *, limit: Optio
     out.attrs["phases"] = phases
     return out
 
-def finished_trials(uri_or_tracker: Any, experiment_name: str) -> dict[str, dict]:
-    """FINISHED trial runs of an experiment keyed by `<config hash>:<round>`, with their wall time
-    (resume and duration estimates). Reads through runs_frame, which uses plain SQL on MLflow's
-    SQL store (a few seconds for 10,000 runs where search_runs takes half a minute)."""
+def with_current_hashes(df):
+    """A copy of a runs_frame with `tags.jbench.config_hash` and `tags.jbench.identity` under the current
+    hash scheme (jbench.identity.HASH_VERSION) for every row: runs recorded under an older scheme (version 1:
+    no `jbench.hash_version` tag) are identified again from their params and tags (jbench.identity.run_hashes).
+    A row that cannot be recomputed (no params) keeps its recorded config hash; its identity is missing.
+    What a run recorded is kept in `tags.jbench.config_hash_recorded`."""
+    from jbench.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
+
+    out = df.copy()
+    hashes = out["tags.jbench.config_hash"] if "tags.jbench.config_hash" in out else None
+    out["tags.jbench.config_hash_recorded"] = hashes if hashes is not None else None
+    config = list(hashes) if hashes is not None else [None] * len(out)
+    identity = list(out["tags.jbench.identity"]) if "tags.jbench.identity" in out else [None] * len(out)
+    versions = list(out["tags.jbench.hash_version"]) if "tags.jbench.hash_version" in out else [None] * len(out)
+    need = [i for i, version in enumerate(versions) if version != str(HASH_VERSION)]
+    if need:
+        sub = out.iloc[need]
+        sections = tuple(f"params.{name}." for name in identity_sections())
+        # Column by column (only what identity reads): much faster than row records on wide frames.
+        param_cols = {c[len("params."):]: sub[c].tolist() for c in out.columns if c.startswith(sections)}
+        tag_cols = {t: sub[f"tags.{t}"].tolist() for t in RUN_TAGS if f"tags.{t}" in out.columns}
+        starts = _epoch_ms(sub["start_time"]) if "start_time" in sub else [None] * len(need)
+        for j, i in enumerate(need):
+            params = {k: v[j] for k, v in param_cols.items() if isinstance(v[j], str)}
+            tags = {k: v[j] for k, v in tag_cols.items() if isinstance(v[j], str)}
+            chash, ident = run_hashes(params, tags, start_time_ms=starts[j])
+            if chash is not None:
+                config[i] = chash
+            identity[i] = ident
+    out["tags.jbench.config_hash"] = config
+    out["tags.jbench.identity"] = identity
+    return out
+
+
+def _epoch_ms(series) -> list[Optional[float]]:
+    """Datetimes (UTC) as epoch milliseconds; None where missing."""
+    return [None if t is None or t != t else t.value / 1e6 for t in series]
+
+
+def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "config_hash") -> dict[str, dict]:
+    """FINISHED trial runs of an experiment keyed by `<hash>:<round>`, with their wall time
+    (resume and duration estimates): {key: {"run_id", "wall_s"}}.
+
+    key="identity": the trial identity (jbench.identity.trial_identity: identity fields, backend build and
+    model digest), what resume must match on (tag `jbench.identity`). key="config_hash": the configuration
+    alone (Trial.config_hash), e.g. for duration estimates. Runs recorded under an older hash scheme
+    (version 1) are identified again from their params and tags (with_current_hashes), so stores written
+    by earlier versions still resume. Reads through runs_frame, which uses plain SQL on MLflow's SQL store
+    (a few seconds for 10,000 runs where search_runs takes half a minute)."""
+    if key not in ("identity", "config_hash"):
+        raise ValueError(f"key must be 'identity' or 'config_hash', not {key!r}")
     if _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name) is None:
         return {}
     df = runs_frame(uri_or_tracker, [experiment_name], kinds=("trial",))
     found: dict[str, dict] = {}
-    if df.empty or "tags.jbench.config_hash" not in df:
+    if df.empty:
         return found
-    done = df[df["status"] == "FINISHED"]
+    done = with_current_hashes(df[df["status"] == "FINISHED"].reset_index(drop=True))
+    column = "tags.jbench.identity" if key == "identity" else "tags.jbench.config_hash"
     rounds = done["tags.jbench.round"] if "tags.jbench.round" in done else None
     walls = done["metrics.trial_wall_s"] if "metrics.trial_wall_s" in done else None
-    for i, (run_id, h) in enumerate(zip(done["run_id"], done["tags.jbench.config_hash"])):
+    for i, (run_id, h) in enumerate(zip(done["run_id"], done[column])):
         if not isinstance(h, str) or not h:
             continue
         r = rounds.iloc[i] if rounds is not None and isinstance(rounds.iloc[i], str) else "1"

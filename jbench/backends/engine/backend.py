@@ -56,10 +56,10 @@ class EngineLogPatterns:
     prefill/decode need named groups `tokens` and `ms`; power needs `mode` and/or `mhz`; gemv needs
     `fields` (the key=value text) and may have `index`."""
 
-    prefill: str = _DEFAULT_PATTERNS.prefill
-    decode: str = _DEFAULT_PATTERNS.decode
-    power: str = _DEFAULT_PATTERNS.power
-    gemv: str = _DEFAULT_PATTERNS.gemv
+    prefill: str = field(default=_DEFAULT_PATTERNS.prefill, metadata={"identity": False})
+    decode: str = field(default=_DEFAULT_PATTERNS.decode, metadata={"identity": False})
+    power: str = field(default=_DEFAULT_PATTERNS.power, metadata={"identity": False})
+    gemv: str = field(default=_DEFAULT_PATTERNS.gemv, metadata={"identity": False})
 
 
 def _default_command() -> List[str]:
@@ -71,42 +71,42 @@ def _default_command() -> List[str]:
 class EngineConfig:
     """An in-house kernel engine run as a command template (see docs/backends.md)."""
 
-    name: str = "engine"
+    name: str = field(default="engine", metadata={"identity": True})
     # The engine executable on the device (an absolute path, or a name on the device's PATH).
-    binary: Optional[str] = None
+    binary: Optional[str] = field(default=None, metadata={"identity": False})
     # Argument templates, one argv item each; placeholders: {binary} {model} {quant} {prompt_tokens}
     # {gen_tokens} {depth} {context} {kv_type} {repetitions}, whole-item lists {extra} {trace}, and backend.vars.
-    command: List[str] = field(default_factory=_default_command)
+    command: List[str] = field(default_factory=_default_command, metadata={"identity": True})
     # More placeholders of your own: name -> value (e.g. {batch: "512"} for a "--batch={batch}" item).
-    vars: Dict[str, str] = field(default_factory=dict)
-    n_prompt: int = 128
-    n_gen: int = 64
+    vars: Dict[str, str] = field(default_factory=dict, metadata={"identity": True})
+    n_prompt: int = field(default=128, metadata={"identity": True})
+    n_gen: int = field(default=64, metadata={"identity": True})
     # Tokens already in the KV cache; only meaningful when the command passes {depth}.
-    depth: int = 0
+    depth: int = field(default=0, metadata={"identity": True})
     # Context (KV cache) size the engine is started with; must hold depth + n_prompt + n_gen.
-    context: int = 4096
-    kv_type: str = "f16"
+    context: int = field(default=4096, metadata={"identity": True})
+    kv_type: str = field(default="f16", metadata={"identity": True})
     # KV types this engine accepts; [] accepts any value of kv_type.
-    kv_types: List[str] = field(default_factory=lambda: ["f16", "q8_0", "q4_0"])
+    kv_types: List[str] = field(default_factory=lambda: ["f16", "q8_0", "q4_0"], metadata={"identity": False})
     # Timed runs of the engine (or, with {repetitions} in the command, the engine's own repetitions).
-    repetitions: int = 3
+    repetitions: int = field(default=3, metadata={"identity": True})
     # One untimed run first (page cache, GPU clocks, JIT); its output is kept in the raw output, not measured.
-    warmup: bool = True
-    extra_args: List[str] = field(default_factory=list)
+    warmup: bool = field(default=True, metadata={"identity": True})
+    extra_args: List[str] = field(default_factory=list, metadata={"identity": True})
     # How results are printed: log (regex lines), jsonl (JSON events), auto (both, per line).
-    output: str = "auto"
-    patterns: EngineLogPatterns = field(default_factory=EngineLogPatterns)
+    output: str = field(default="auto", metadata={"identity": False})
+    patterns: EngineLogPatterns = field(default_factory=EngineLogPatterns, metadata={"identity": False})
     # The engine prints one GEMV line per launch: analyse them (weight bytes per token, fusion findings).
-    trace: bool = False
+    trace: bool = field(default=False, metadata={"identity": True})
     # Arguments that ask the engine for GEMV lines; they replace the {trace} item when trace is true.
-    trace_args: List[str] = field(default_factory=lambda: ["--trace"])
+    trace_args: List[str] = field(default_factory=lambda: ["--trace"], metadata={"identity": True})
     # Model dimensions that make the fusion checks exact: d_model, q_dim, kv_dim, n_ff (any subset).
-    trace_hints: Dict[str, int] = field(default_factory=dict)
+    trace_hints: Dict[str, int] = field(default_factory=dict, metadata={"identity": False})
     # Memory bandwidth for the GEMV ceiling (GB/s); None: the device profile's memory_bandwidth_gbs.
-    bandwidth_gbs: Optional[float] = None
+    bandwidth_gbs: Optional[float] = field(default=None, metadata={"identity": False})
     # Environment variables for the engine process (plain values, no placeholders).
-    env: Dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 1800.0
+    env: Dict[str, str] = field(default_factory=dict, metadata={"identity": True})
+    timeout_s: float = field(default=1800.0, metadata={"identity": False})
 
 
 # --------------------------------------------------------------------------------------------

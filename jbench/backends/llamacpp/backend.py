@@ -38,41 +38,41 @@ SCENARIOS = ("bench", "latency")
 class LlamaCppConfig:
     """llama.cpp driven through llama-bench (one invocation per trial, -o jsonl)."""
 
-    name: str = "llamacpp"
+    name: str = field(default="llamacpp", metadata={"identity": True})
     # Directory holding llama-bench (and llama-quantize, llama-server). None: `jbench setup`'s build.
-    binary_dir: Optional[str] = None
-    n_prompt: int = 128
-    n_gen: int = 64
-    depth: int = 0
-    repetitions: int = 3
-    warmup: bool = True
-    n_gpu_layers: int = 99
+    binary_dir: Optional[str] = field(default=None, metadata={"identity": False})
+    n_prompt: int = field(default=128, metadata={"identity": True})
+    n_gen: int = field(default=64, metadata={"identity": True})
+    depth: int = field(default=0, metadata={"identity": True})
+    repetitions: int = field(default=3, metadata={"identity": "bench"})
+    warmup: bool = field(default=True, metadata={"identity": "bench"})
+    n_gpu_layers: int = field(default=99, metadata={"identity": True})
     # None: llama-bench's own default (the number of physical cores it detects).
-    threads: Optional[int] = None
-    n_batch: Optional[int] = None
-    n_ubatch: Optional[int] = None
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
+    threads: Optional[int] = field(default=None, metadata={"identity": True})
+    n_batch: Optional[int] = field(default=None, metadata={"identity": True})
+    n_ubatch: Optional[int] = field(default=None, metadata={"identity": True})
+    cache_type_k: str = field(default="f16", metadata={"identity": True})
+    cache_type_v: str = field(default="f16", metadata={"identity": True})
     # "auto" lets llama.cpp decide; on/off force it.
-    flash_attn: str = "auto"
+    flash_attn: str = field(default="auto", metadata={"identity": True})
     # Extra llama-bench arguments, passed as separate argv items (never through a shell).
-    extra_args: List[str] = field(default_factory=list)
-    timeout_s: float = 1800.0
+    extra_args: List[str] = field(default_factory=list, metadata={"identity": "bench"})
+    timeout_s: float = field(default=1800.0, metadata={"identity": False})
     # "bench": llama-bench (prefill and decode tests). "latency": llama-server on the device, streaming
     # completions from the controller (TTFT, ITL, end-to-end; docs/metrics.md "Latency scenario").
-    scenario: str = "bench"
+    scenario: str = field(default="bench", metadata={"identity": True})
     # Latency scenario: measured requests, requests in flight (also the server's --parallel slots), and
     # unmeasured requests sent first, one at a time.
-    latency_requests: int = 8
-    latency_concurrency: int = 1
-    latency_warmup_requests: int = 1
+    latency_requests: int = field(default=8, metadata={"identity": "latency"})
+    latency_concurrency: int = field(default=1, metadata={"identity": "latency"})
+    latency_warmup_requests: int = field(default=1, metadata={"identity": "latency"})
     # Latency scenario: how long the server may take to answer GET /health with 200 (model load).
-    server_ready_timeout_s: float = 120.0
+    server_ready_timeout_s: float = field(default=120.0, metadata={"identity": False})
     # Latency scenario: llama-server -c (all slots together; each of the N slots gets c / N).
     # None: (n_prompt + n_gen + depth + 1) rounded up to a multiple of 256, times latency_concurrency.
-    context: Optional[int] = None
+    context: Optional[int] = field(default=None, metadata={"identity": "latency"})
     # Latency scenario: extra llama-server arguments (extra_args are llama-bench's), separate argv items.
-    server_extra_args: List[str] = field(default_factory=list)
+    server_extra_args: List[str] = field(default_factory=list, metadata={"identity": "latency"})
 
 
 

@@ -80,63 +80,63 @@ _DEVICE_NAME = ("if [ -r /proc/device-tree/model ]; then tr -d '\\000' < /proc/d
 class TrtllmConfig:
     """TensorRT-LLM through trtllm-bench or the v0.12.0-jetson benchmark programs (docs/backends.md)."""
 
-    name: str = "trtllm"
+    name: str = field(default="trtllm", metadata={"identity": True})
     # trtllm-bench | jetson-v0.12
-    variant: str = "trtllm-bench"
+    variant: str = field(default="trtllm-bench", metadata={"identity": True})
     # trtllm-bench subcommand: latency (batch 1, TTFT/ITL) | throughput (needs streaming for decode_tps)
-    mode: str = "latency"
+    mode: str = field(default="latency", metadata={"identity": True})
     # jetson-v0.12: gptSessionBenchmark | benchmark.py
-    jetson_program: str = "gptSessionBenchmark"
-    n_prompt: int = 128  # input length (ISL)
-    n_gen: int = 128  # output length (OSL)
+    jetson_program: str = field(default="gptSessionBenchmark", metadata={"identity": True})
+    n_prompt: int = field(default=128, metadata={"identity": True})  # input length (ISL)
+    n_gen: int = field(default=128, metadata={"identity": True})  # output length (OSL)
     # Not supported (TensorRT-LLM benchmarks start from an empty KV cache): must stay 0.
-    depth: int = 0
+    depth: int = field(default=0, metadata={"identity": True})
     # Separate runs of the benchmark; each gives one sample per phase.
-    repetitions: int = 1
+    repetitions: int = field(default=1, metadata={"identity": True})
     # Warmup requests (trtllm-bench --warmup) or iterations (--warm_up of the Jetson programs).
-    warmup: int = 2
+    warmup: int = field(default=2, metadata={"identity": True})
     # Engine max batch size; the Jetson programs' --batch_size.
-    batch_size: int = 1
+    batch_size: int = field(default=1, metadata={"identity": True})
     # Requests in the synthetic dataset (trtllm-bench).
-    num_requests: int = 64
+    num_requests: int = field(default=64, metadata={"identity": True})
     # Iterations averaged into one [BENCHMARK] line (Jetson programs' --num_runs; --duration 0 is passed).
-    num_runs: int = 10
+    num_runs: int = field(default=10, metadata={"identity": True})
     # trtllm-bench throughput only: --concurrency (None: not passed) and --streaming (TTFT/TPOT).
-    concurrency: Optional[int] = 1
-    streaming: bool = True
+    concurrency: Optional[int] = field(default=1, metadata={"identity": True})
+    streaming: bool = field(default=True, metadata={"identity": True})
     # trtllm-bench --model (Hugging Face name: tokenizer and reporting) and --model_path (a local HF directory).
-    hf_model: Optional[str] = None
-    model_path: Optional[str] = None
+    hf_model: Optional[str] = field(default=None, metadata={"identity": True})
+    model_path: Optional[str] = field(default=None, metadata={"identity": False})
     # trtllm-bench --backend (None: not passed; newer releases default to pytorch, so engines need "tensorrt").
-    bench_backend: Optional[str] = None
+    bench_backend: Optional[str] = field(default=None, metadata={"identity": True})
     # A prebuilt engine directory (no build, no cache); None builds from the model's checkpoint.
-    engine_dir: Optional[str] = None
-    engine_cache_dir: str = "~/.cache/jbench/trtllm-engines"
+    engine_dir: Optional[str] = field(default=None, metadata={"identity": False})
+    engine_cache_dir: str = field(default="~/.cache/jbench/trtllm-engines", metadata={"identity": False})
     # None: n_prompt and n_prompt + n_gen of the trial.
-    max_input_len: Optional[int] = None
-    max_seq_len: Optional[int] = None
+    max_input_len: Optional[int] = field(default=None, metadata={"identity": True})
+    max_seq_len: Optional[int] = field(default=None, metadata={"identity": True})
     # More trtllm-build arguments, e.g. [--gemm_plugin, float16] (part of the cache key).
-    build_args: List[str] = field(default_factory=list)
+    build_args: List[str] = field(default_factory=list, metadata={"identity": True})
     # None: read on the device (python -c "import tensorrt_llm; print(tensorrt_llm.__version__)").
-    trtllm_version: Optional[str] = None
+    trtllm_version: Optional[str] = field(default=None, metadata={"identity": True})
     # None: read on the device (device-tree model, else nvidia-smi GPU name, else host name).
-    device_name: Optional[str] = None
+    device_name: Optional[str] = field(default=None, metadata={"identity": False})
     # Directory of trtllm-build / trtllm-bench on the device; None: the device's PATH.
-    bin_dir: Optional[str] = None
-    python: str = "python3"
+    bin_dir: Optional[str] = field(default=None, metadata={"identity": False})
+    python: str = field(default="python3", metadata={"identity": False})
     # benchmarks/cpp/prepare_dataset.py of the TensorRT-LLM checkout on the device (trtllm-bench without dataset).
-    prepare_dataset: Optional[str] = None
+    prepare_dataset: Optional[str] = field(default=None, metadata={"identity": False})
     # An existing dataset file on the device (skips prepare_dataset).
-    dataset: Optional[str] = None
+    dataset: Optional[str] = field(default=None, metadata={"identity": True})
     # jetson-v0.12: directory holding gptSessionBenchmark (cpp/build/benchmarks) or benchmark.py (benchmarks/python).
-    benchmark_dir: Optional[str] = None
+    benchmark_dir: Optional[str] = field(default=None, metadata={"identity": False})
     # benchmark.py -m (the engine's model name; "dec" for a prebuilt decoder engine).
-    benchmark_model: str = "dec"
-    enable_cuda_graph: bool = True
+    benchmark_model: str = field(default="dec", metadata={"identity": True})
+    enable_cuda_graph: bool = field(default=True, metadata={"identity": True})
     # Appended to the benchmark command, one argv item each.
-    extra_args: List[str] = field(default_factory=list)
-    timeout_s: float = 3600.0
-    build_timeout_s: float = 7200.0
+    extra_args: List[str] = field(default_factory=list, metadata={"identity": True})
+    timeout_s: float = field(default=3600.0, metadata={"identity": False})
+    build_timeout_s: float = field(default=7200.0, metadata={"identity": False})
 
 
 # --------------------------------------------------------------------------------------------
