@@ -397,7 +397,7 @@ def _sample_loader(tracker):
 
 def _selection(tracker, spec: str):
     """A sweep id, a run id, or TAG=VALUE -> the trial runs it names."""
-    from jbench.tracking.reader import runs_frame
+    from jbench.tracking.reader import runs_frame, with_current_hashes
 
     if "=" in spec:
         tag, _, value = spec.partition("=")
@@ -408,7 +408,7 @@ def _selection(tracker, spec: str):
             df = runs_frame(tracker, run_ids=[spec])
     if df.empty:
         raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id, or TAG=VALUE")
-    return df
+    return with_current_hashes(df)  # runs recorded under an older hash scheme match today's
 
 
 @main.command()
@@ -480,11 +480,11 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     """Nightly regression gate: the newest sweep of each configuration against its baseline.
     Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise))."""
     from jbench.analysis.regress import RegressError, regress as run_regress
-    from jbench.tracking.reader import runs_frame
+    from jbench.tracking.reader import runs_frame, with_current_hashes
 
     tracker = _results_tracker(results_dir)
     try:
-        df = runs_frame(tracker, [experiment])
+        df = with_current_hashes(runs_frame(tracker, [experiment]))
         result = run_regress(df, _sample_loader(tracker), baseline=baseline)
     except (LookupError, RegressError) as exc:
         raise _fail(str(exc)) from None

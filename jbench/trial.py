@@ -1,14 +1,11 @@
-"""The types every part of jbench shares: a Trial (what to run) and its results."""
+"""A Trial: one planned cell of a sweep (its config, where it came from, its identity hash and round).
+
+The identity itself (which config fields count) is declared on the schemas and computed in jbench.identity."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
-
-# A trial's identity (which config fields count, the build and the model digest) is declared on the
-# schemas and computed in jbench.identity; config_hash stays importable from here for existing callers.
-from jbench.identity import config_hash  # noqa: F401
+from dataclasses import dataclass
+from typing import Any
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:

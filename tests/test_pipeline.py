@@ -132,7 +132,12 @@ def _sweep(stages, monkeypatch, **sweep_overrides):
     s = Sweep(p, lambda: tracker, stages=stages)
     # The device part of preflight, without the backend's binary checks (no llama.cpp here).
     s.connections["local"], s.fingerprints["local"] = LocalConnection(), {}
-    monkeypatch.setattr(s, "preflight", lambda trials: trials)
+
+    def preflight(trials):
+        s.identities.update({t.index: t.config_hash for t in trials})
+        return trials
+
+    monkeypatch.setattr(s, "preflight", preflight)
     return s, tracker
 
 
@@ -185,3 +190,36 @@ def test_noise_stage_marks_a_trial_whose_cv_is_over_the_limit(monkeypatch):
     assert outcome.noisy
     run = next(r for r in tracker.runs.values() if r["parent"])
     assert run["tags"]["jbench.noisy"] == "true" and "decode_tps_cv" in run["tags"]["jbench.noisy_reason"]
+
+
+def test_resume_matches_on_identity_so_another_build_runs_again(tmp_path, monkeypatch):
+    """The same config with the same llama.cpp build is resumed; the same config with another build is
+    not "already FINISHED" (the build is part of the trial's identity). Real MLflow store in tmp_path."""
+    from jbench.backends.llamacpp.backend import LlamaCppBackend
+    from jbench.tracking.writer import Tracker
+
+    build = {"commit": "0c1e57098"}
+    monkeypatch.setattr(LlamaCppBackend, "preflight", lambda self, conn: [])
+    monkeypatch.setattr(LlamaCppBackend, "build_id", lambda self, conn: build["commit"])
+    monkeypatch.setattr(sweep_module, "host_fingerprint", lambda conn: {})
+    p = plan(["telemetry.source=none", "model.quant=Q4_0", f"tracking.results_dir={tmp_path}"], use_grid=False)
+
+    def run_once():
+        stage = _Scripted(["ok"])
+        outcome = Sweep(p, lambda: Tracker(None, tmp_path), stages=[stage, PhaseSpeed()]).run().outcomes[0]
+        return outcome, stage.calls
+
+    first, calls = run_once()
+    assert first.status == Status.FINISHED and calls == 1
+    again, calls = run_once()
+    assert again.status == Status.SKIPPED and again.category == Category.RESUMED and calls == 0
+    assert again.run_id == first.run_id
+    build["commit"] = "b4d5e6f"
+    rebuilt, calls = run_once()
+    assert rebuilt.status == Status.FINISHED and calls == 1
+    from jbench.tracking.reader import runs_frame
+
+    df = runs_frame(f"sqlite:///{tmp_path}/mlflow.db", [p.experiment], kinds=("trial",))
+    assert set(df["tags.jbench.build"]) == {"0c1e57098", "b4d5e6f"}
+    assert set(df["tags.jbench.hash_version"]) == {"2"} and df["tags.jbench.identity"].nunique() == 2
+    assert df["tags.jbench.config_hash"].nunique() == 1  # same configuration: compare/regress still match them

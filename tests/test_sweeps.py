@@ -128,11 +128,11 @@ def _trial(depth, quant="Q4_0"):
 def test_oom_skips_larger_contexts_of_the_same_model_and_kv_type():
     failed = _trial(2048)
     oom = [(_oom_key(failed), failed.context_tokens, "run123")]
-    skipped = _skipped(_trial(4096), {}, oom)
+    skipped = _skipped(_trial(4096), "k", {}, oom)
     assert skipped.category == "oom_skip" and "ran out of memory at context 2068" in skipped.error
-    assert _skipped(_trial(1024), {}, oom) is None
-    assert _skipped(_trial(4096, quant="Q8_0"), {}, oom) is None
-    resumed = _skipped(_trial(1024), {_trial(1024).resume_key: {"run_id": "r1"}}, oom)
+    assert _skipped(_trial(1024), "k", {}, oom) is None
+    assert _skipped(_trial(4096, quant="Q8_0"), "k", {}, oom) is None
+    resumed = _skipped(_trial(1024), "k", {"k": {"run_id": "r1"}}, oom)
     assert resumed.status == "SKIPPED" and resumed.category == "resumed" and resumed.run_id == "r1"
 
 

@@ -98,6 +98,12 @@ class Backend(ABC):
     def preflight(self, conn: Connection) -> list[str]:
         """Problems found on the device before any trial runs (binaries missing, ...)."""
 
+    def build_id(self, conn: Connection) -> Optional[str]:
+        """What identifies the backend build on the device (part of a trial's identity: a different build
+        is not "already FINISHED"); None when the backend cannot tell. Called once per device after a
+        successful preflight."""
+        return None
+
     @abstractmethod
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:

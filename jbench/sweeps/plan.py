@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
-from jbench.trial import Trial, config_hash, context_tokens
+from jbench.trial import Trial, context_tokens
+from jbench.identity import config_hash
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
 

@@ -30,7 +30,8 @@ from jbench.results import Category, Finding, Result, Status
 from jbench.sweeps.context import TrialContext, TrialLog, typed_config
 from jbench.sweeps.plan import Plan
 from jbench.sweeps.stages import Stage, default_stages
-from jbench.trial import Trial, flatten
+from jbench.identity import HASH_VERSION, model_digest, trial_identity
+from jbench.trial import Trial, flatten, resume_key
 
 log = logging.getLogger("jbench")
 
@@ -106,6 +107,10 @@ class Sweep:
         self.strategies: dict[str, PowerStrategy] = {}
         self._backends: dict[str, Backend] = {}
         self._saved: list[PowerStrategy] = []
+        self._builds: dict[tuple, Optional[str]] = {}  # (device, backend config) -> build id
+        self._digests: dict[tuple, Optional[str]] = {}  # (device, model section) -> model file SHA-256
+        self.identities: dict[int, str] = {}  # trial index -> trial identity
+        self.builds: dict[int, tuple[Optional[str], Optional[str]]] = {}  # trial index -> (build, model digest)
 
     # -- the whole sweep -------------------------------------------------------------------------
 
@@ -115,24 +120,28 @@ class Sweep:
 
         uri = resolve_uri(self.plan.tracking.get("uri"), self.plan.tracking["results_dir"])
         exp_name = self.plan.tracking.get("experiment_name") or self.plan.experiment
-        done = {} if self.plan.sweep.get("rerun") or not store_exists(uri) else finished_trials(uri, exp_name)
-        if all(t.resume_key in done for t in self.plan.trials):
-            # Nothing to do: no device is touched and no empty sweep run is recorded.
-            outcomes = [_skipped(t, done, []) for t in self.plan.trials]
-            for outcome in outcomes:
-                self.on_trial_end(outcome)
-            return SweepOutcome(self.sweep_id, exp_name, None, uri, outcomes, self.notes)
         try:
-            runnable = self.preflight([t for t in self.plan.trials if t.resume_key not in done])
+            runnable = self.preflight(self.plan.trials)
+            done = {} if self.plan.sweep.get("rerun") or not store_exists(uri) else \
+                finished_trials(uri, exp_name, key="identity")
+            todo = [t for t in runnable if self.resume_key(t) not in done]
+            if not todo:
+                # Nothing to do: no power state is touched and no empty sweep run is recorded.
+                outcomes = [_skipped(t, self.resume_key(t), done, []) for t in runnable]
+                for outcome in outcomes:
+                    self.on_trial_end(outcome)
+                return SweepOutcome(self.sweep_id, exp_name, None, uri, outcomes, self.notes)
             tracker = self.tracker_factory()  # the store is created only once the devices are ready
-            self._save_power_states(runnable)
-            kept = {id(t) for t in runnable}
-            return self._run_trials([t for t in self.plan.trials if t.resume_key in done or id(t) in kept],
-                                    tracker, exp_name, done)
+            self._save_power_states(todo)
+            return self._run_trials(runnable, tracker, exp_name, done)
         finally:
             self._restore_power_states()
             for conn in self.connections.values():
                 conn.close()
+
+    def resume_key(self, trial: Trial) -> str:
+        """The trial's identity (config, backend build, model file) and round: what resume matches on."""
+        return resume_key(self.identities[trial.index], trial.round)
 
     def backend(self, trial: Trial) -> Backend:
         """One backend instance per distinct backend config within the sweep."""
@@ -171,6 +180,8 @@ class Sweep:
                 continue
             for msg in msgs:
                 problem(msg)
+            if not msgs:
+                self.identities[trial.index] = self._identity(trial, key)
             if trial.wants_power_control:
                 strategy = self.strategies.get(name)
                 if strategy is None:
@@ -194,6 +205,18 @@ class Sweep:
         if problems:
             raise PreflightError("\n".join(problems))
         return keep
+
+    def _identity(self, trial: Trial, backend_key: tuple) -> str:
+        """trial_identity with the backend build and the model file's digest, each read once per device."""
+        conn = self.connections[trial.config["device"]["name"]]
+        if backend_key not in self._builds:
+            self._builds[backend_key] = self.backend(trial).build_id(conn)
+        model = trial.config["model"]
+        model_key = (conn.name, repr(sorted((k, repr(v)) for k, v in model.items())))
+        if model_key not in self._digests:
+            self._digests[model_key] = model_digest(model, conn)
+        self.builds[trial.index] = (self._builds[backend_key], self._digests[model_key])
+        return trial_identity(trial.config, build=self._builds[backend_key], model_digest=self._digests[model_key])
 
     def _open_device(self, device: dict, problem: Callable[[str], None]) -> bool:
         name = device["name"]
@@ -253,7 +276,7 @@ class Sweep:
         try:
             for trial in trials:
                 self.on_trial_start(trial)
-                outcome = _skipped(trial, done, ooms)
+                outcome = _skipped(trial, self.resume_key(trial), done, ooms)
                 if outcome is None:
                     runs = 2 if sweep.get("rerun_noisy") else 1
                     for attempt in range(runs):
@@ -294,7 +317,9 @@ class Sweep:
         (1, 2, 4 ... s) before the trial counts as failed."""
         dev_name = trial.config["device"]["name"]
         conn = self.connections[dev_name]
-        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name])
+        build, digest = self.builds.get(trial.index, (None, None))
+        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name], identity=self.identities.get(trial.index),
+                                        build=build, model_digest=digest)
         tlog = TrialLog(trial)
         started = time.monotonic()
         tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
@@ -350,7 +375,8 @@ class _Recorder:
     def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str]):
         self.tracker, self.exp_id, self.parent, self.common_tags = tracker, exp_id, parent, common_tags
 
-    def start(self, trial: Trial, fingerprint: dict[str, str]) -> str:
+    def start(self, trial: Trial, fingerprint: dict[str, str], *, identity: Optional[str], build: Optional[str],
+              model_digest: Optional[str]) -> str:
         cfg = trial.config
         params = flatten(cfg)
         params.update({f"choice.{k}": v for k, v in trial.choices.items()})
@@ -358,6 +384,7 @@ class _Recorder:
             **self.common_tags, **fingerprint,
             "jbench.kind": "trial",
             "jbench.config_hash": trial.config_hash,
+            "jbench.hash_version": HASH_VERSION,
             "jbench.trial_index": trial.index,
             "jbench.trial_label": trial.label,
             "device.name": cfg["device"]["name"],
@@ -367,6 +394,8 @@ class _Recorder:
         }
         if trial.rounds > 1:
             tags["jbench.round"] = trial.round
+        tags.update({k: v for k, v in (("jbench.identity", identity), ("jbench.build", build),
+                                       ("jbench.model_digest", model_digest)) if v})
         try:
             _, model_facts = resolve_model_file(cfg["model"])
             tags.update(model_facts)
@@ -403,11 +432,11 @@ def _oom_key(trial: Trial) -> tuple:
     return (trial.config["device"]["name"], m["name"], m["quant"], b.get("cache_type_k"), b.get("cache_type_v"))
 
 
-def _skipped(trial: Trial, done: dict[str, dict], ooms: list[tuple[tuple, int, str]]) -> Optional[TrialOutcome]:
-    """A trial that need not run: already FINISHED in the experiment (resume), or a larger context of a
-    model and KV type that already ran out of memory on the device."""
-    if trial.resume_key in done:
-        return TrialOutcome(trial, Status.SKIPPED, run_id=done[trial.resume_key]["run_id"],
+def _skipped(trial: Trial, key: str, done: dict[str, dict], ooms: list[tuple[tuple, int, str]]) -> Optional[TrialOutcome]:
+    """A trial that need not run: already FINISHED in the experiment (resume key `key`), or a larger context
+    of a model and KV type that already ran out of memory on the device."""
+    if key in done:
+        return TrialOutcome(trial, Status.SKIPPED, run_id=done[key]["run_id"],
                             error="already FINISHED in this experiment (sweep.rerun=true runs it again)",
                             category=Category.RESUMED)
     for key, context, run_id in ooms:

@@ -373,6 +373,18 @@ class EngineBackend(Backend):
             return [f"engine binary '{binary}' is not on the PATH of device '{conn.name}': set backend.binary to its path"]
         return []
 
+    def build_id(self, conn: Connection) -> Optional[str]:
+        """SHA-256 of the engine binary on the device (hashed once per file version, jbench.identity)."""
+        from jbench.identity import file_digest
+
+        binary = self.config.get("binary")
+        if not binary:
+            return None
+        path = conn.expand_path(binary) if "/" in binary else conn.run(
+            ["sh", "-c", 'command -v "$1"', "sh", binary], timeout=30).stdout.strip()
+        digest = file_digest(path, conn) if path else None
+        return f"sha256:{digest}" if digest else None
+
     # ---- run
 
     def command(self, trial: Trial, model_path: Optional[str] = None, *, n_prompt: Optional[int] = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +178,13 @@ class LlamaCppBackend(Backend):
                         f"start llama-server): {res.stderr.strip()[-200:]}"]
         return []
 
+    def build_id(self, conn: Connection) -> Optional[str]:
+        """The commit the build prints (`llama-bench --version`: "version: 0.5.0-dev (build 0, commit 0c1e57098)",
+        older builds "version: 4000 (abc1234)"): the same string llama-bench records as build_commit."""
+        tool = "llama-server" if self.config.get("scenario", "bench") == "latency" else "llama-bench"
+        res = conn.run([os.path.join(self.binary_dir(), tool), "--version"], timeout=60)
+        return parse_build_commit(res.stdout + res.stderr)
+
     def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
         """llama-server's argument list for the latency scenario."""
         cfg = trial.section("backend")
@@ -276,6 +284,13 @@ class LlamaCppBackend(Backend):
         return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
                              info=info, command=run.argv, metrics=extra)
+
+
+def parse_build_commit(version_text: str) -> Optional[str]:
+    """The commit in llama.cpp's `--version` output, or None."""
+    m = re.search(r"commit ([0-9a-fA-F]+)\)", version_text) or re.search(r"version: \S+ \(([0-9a-fA-F]+)\)",
+                                                                        version_text)
+    return m.group(1) if m else None
 
 
 def binary_path(bin_dir: str, name: str) -> Path:

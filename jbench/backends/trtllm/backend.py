@@ -300,6 +300,13 @@ class TrtllmBackend(Backend):
 
     # ---- device facts
 
+    def build_id(self, conn: Connection) -> Optional[str]:
+        """The TensorRT-LLM version on the device (configured or read there)."""
+        try:
+            return "tensorrt_llm " + self.device_facts(conn)[0]
+        except BackendError:
+            return None
+
     def device_facts(self, conn: Connection) -> tuple[str, str]:
         """(TensorRT-LLM version, device name), configured or read on the device (once per connection)."""
         if conn.name in self._facts:
