@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent / "data"  # test data copied into the repository, with provenance (data/README.md)
 
 
 @pytest.fixture(scope="session")

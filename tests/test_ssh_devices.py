@@ -22,7 +22,7 @@ from jbench.device.jetson import jetson_fingerprint, parse_clocks_show
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.device.ssh import HostKeyError
 
-from .conftest import SHARED, jbench_cli
+from .conftest import jbench_cli
 
 pytestmark = pytest.mark.e2e
 
