@@ -26,12 +26,14 @@ demo: setup
 	@echo
 	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open http://127.0.0.1:5000"
 
+# Every test, each under pytest-timeout's limit (`timeout` in pyproject.toml).
 test: setup
 	$(BIN)/python -m pytest -q
 
-# Unit tests only (no llama.cpp runs).
+# The fast tier: no llama.cpp, sshd, jbench subprocess, MLflow server or Chromium, nothing over ~3 s; under
+# 60 s. JBENCH_TEST_TIER=fast makes a test that starts one of those without its marker fail (tests/conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e"
+	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not e2e and not ssh and not slow"
 
 bench: setup
 	$(BIN)/python bench/overhead.py

@@ -161,6 +161,11 @@ def needs_real_build(name, request):
         request.getfixturevalue("bundled_model")
 
 
+# The tests that run a backend: llamacpp's case runs the real llama.cpp build, so it is marked e2e.
+runs_the_backend = pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.e2e) if n == "llamacpp" else n for n in REGISTERED])
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -199,6 +204,7 @@ def test_unknown_key_is_a_config_error(name):
     assert "unknown config key 'backend.no_such_knob'" in str(err.value) and "Valid backend keys" in str(err.value)
 
 
+@runs_the_backend
 def test_validate_returns_a_list_of_strings(name, tmp_path, monkeypatch, needs_real_build):
     trial, backend = _trial_and_backend(_standin(name).ok(tmp_path), monkeypatch)
     problems = backend.validate(trial)
@@ -222,12 +228,14 @@ def test_missing_required_setting_is_named(name, tmp_path):
     assert any(expected in x for x in p.problems), p.problems
 
 
+@runs_the_backend
 def test_preflight_returns_a_list(name, tmp_path, monkeypatch, needs_real_build):
     _trial, backend = _trial_and_backend(_standin(name).ok(tmp_path), monkeypatch)
     with LocalConnection() as conn:
         assert backend.preflight(conn) == []
 
 
+@runs_the_backend
 def test_run_returns_phases_with_positive_samples(name, tmp_path, monkeypatch, needs_real_build):
     case = _standin(name).ok(tmp_path)
     trial, backend = _trial_and_backend(case, monkeypatch)
@@ -246,6 +254,7 @@ def test_run_returns_phases_with_positive_samples(name, tmp_path, monkeypatch, n
     assert isinstance(result.findings, list) and isinstance(result.metrics, dict)
 
 
+@runs_the_backend
 def test_unparseable_output_is_an_error_never_a_zero_rate(name, tmp_path, monkeypatch, needs_real_build):
     trial, backend = _trial_and_backend(_standin(name).unparseable(tmp_path), monkeypatch)
     with pytest.raises(BackendError) as err:
@@ -254,6 +263,7 @@ def test_unparseable_output_is_an_error_never_a_zero_rate(name, tmp_path, monkey
     assert err.value.raw_output.strip()  # the output behind the failure is kept for the run's artifacts
 
 
+@runs_the_backend
 def test_a_crash_is_backend_crash_with_stderr(name, tmp_path, monkeypatch, needs_real_build):
     trial, backend = _trial_and_backend(_standin(name).crash(tmp_path), monkeypatch)
     with pytest.raises(BackendError) as err:

@@ -249,6 +249,7 @@ def test_five_percent_regression_detection_rate_over_seeds():
     assert caught["last"] >= 85
 
 
+@pytest.mark.slow
 def test_noise_with_the_same_mean_is_not_flagged():
     """3,000 configuration checks of pure noise (CV 1 %, night-to-night drift 0.3 %): no regression and no
     improvement at p < 0.01 with the 3 % floor, although Mann-Whitney alone is often 'significant' on drift."""

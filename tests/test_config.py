@@ -78,6 +78,7 @@ def test_config_dir_from_environment(tmp_path, monkeypatch):
         user_config_dirs()
 
 
+@pytest.mark.slow
 def test_installed_wheel_carries_the_config_tree(tmp_path):
     """Build the wheel, install it into a fresh target dir, and compose from it (not the checkout)."""
     wheel_dir = tmp_path / "wheel"

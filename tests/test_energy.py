@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,8 @@ from jbench.analysis.energy import (
     window_energy,
 )
 from jbench.device.telemetry import parse_stream, total_input_power_mw
+
+from .conftest import DATA
 
 
 def _grid(t_start: float, t_end: float, hz: float) -> list[float]:
@@ -169,7 +170,7 @@ def test_above_idle_energy():
 
 def test_energy_from_a_real_tegrastats_run():
     """Orin Nano Super (R39.2.1) 4-line 1 Hz run from the corpus: VDD_IN 3582, 3462, 3462, 3462 mW."""
-    corpus = Path(__file__).resolve().parents[2] / "shared" / "jetson-formats" / "tegrastats-orin-nano.txt"
+    corpus = DATA / "jetson-formats" / "tegrastats-orin-nano.txt"
     if not corpus.is_file():
         pytest.fail(f"tegrastats corpus missing: {corpus}")
     lines = [l for l in corpus.read_text().splitlines() if l.startswith("09-19-2026 13:33:0")]

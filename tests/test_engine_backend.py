@@ -89,6 +89,7 @@ def traced_run(tmp_path_factory):
     return client, runs[0], tmp
 
 
+@pytest.mark.e2e
 def test_cli_rates_match_the_engines_printed_ms(traced_run):
     client, run, tmp = traced_run
     assert run.info.status == "FINISHED"
@@ -118,6 +119,7 @@ def test_cli_rates_match_the_engines_printed_ms(traced_run):
     assert json.loads(run.data.params["backend.command"])[0] == "{binary}"
 
 
+@pytest.mark.e2e
 def test_cli_trace_findings_reach_the_trial_log(traced_run):
     client, run, tmp = traced_run
     text = Path(client.download_artifacts(run.info.run_id, "trial.log", str(tmp / "dl2"))).read_text()
@@ -126,11 +128,13 @@ def test_cli_trace_findings_reach_the_trial_log(traced_run):
     assert "GEMV trace: 8 token(s) (index-reset), 14 GEMVs/token, 2 layers x 7 GEMVs" in text
 
 
+@pytest.mark.e2e
 def test_cli_trace_findings_are_tags(traced_run):
     _client, run, _tmp = traced_run
     assert "finding.qkv_not_fused" in run.data.tags and "finding.gate_up_not_fused" in run.data.tags
 
 
+@pytest.mark.e2e
 def test_cli_missing_placeholder_stops_before_anything_runs(tmp_path):
     own = ('defaults: [engine_schema, _self_]\nname: engine\n'
            'command: ["{binary}", "--model", "{model}", "--prompt-tokens", "{prompt_tokens}", '
@@ -153,6 +157,7 @@ def test_cli_missing_placeholder_stops_before_anything_runs(tmp_path):
     assert "--batch=512" in log_text
 
 
+@pytest.mark.e2e
 def test_cli_unset_binary_is_a_user_error(tmp_path):
     conf = _conf(tmp_path, _weights(tmp_path))
     res = jbench_cli(["run", "--config-dir", str(conf), "backend=engine", "model=standin"],
@@ -160,6 +165,7 @@ def test_cli_unset_binary_is_a_user_error(tmp_path):
     assert res.returncode == 2 and "placeholder {binary} has no value: backend.binary is not set" in res.stderr
 
 
+@pytest.mark.e2e
 def test_cli_exit_0_without_decode_is_unparseable_output(tmp_path):
     conf = _conf(tmp_path, _weights(tmp_path))
     res = jbench_cli([*BASE, "--config-dir", str(conf), "backend.repetitions=1", "backend.extra_args=[--no-decode]"],
@@ -175,6 +181,7 @@ def test_cli_exit_0_without_decode_is_unparseable_output(tmp_path):
     assert "[engine] Prefill:" in raw and "Decode:" not in raw
 
 
+@pytest.mark.e2e
 def test_cli_engine_failure_is_backend_crash_with_stderr(tmp_path):
     conf = _conf(tmp_path, _weights(tmp_path))
     res = jbench_cli([*BASE, "--config-dir", str(conf), "backend.extra_args=[--fail]"],

@@ -10,6 +10,8 @@ from jbench.analysis.roofline import read_gguf, read_gguf_header, weight_bytes_p
 from jbench.models.gguf import GGUFMetaError, header, kv_arch
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_fast_header_matches_gguf_reader(bundled_model):
     path = bundled_model["Q4_K_M"]["path"]
     slow, fast = read_gguf(path), read_gguf_header(path)

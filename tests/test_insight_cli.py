@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from .conftest import SHARED, jbench_cli
+from .conftest import DATA, jbench_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +91,7 @@ def test_roofline_command_reproduces_the_bundled_model(bundled_model):
 
 
 def test_telemetry_parse_command(tmp_path):
-    src = SHARED / "jetson-formats" / "tegrastats-orin-nano.txt"
+    src = DATA / "jetson-formats" / "tegrastats-orin-nano.txt"
     res = jbench_cli(["telemetry", "parse", str(src), "--format", "jsonl"])
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]

@@ -197,6 +197,7 @@ def test_stream_reader_rejects_errors_and_garbage():
         client.StreamingClient.read_stream(_FakeResponse("data: {not json\n\n"))
 
 
+@pytest.mark.e2e
 def test_validation():
     backend = LlamaCppBackend({})
     assert not backend.validate(make_trial())
@@ -210,6 +211,7 @@ def test_validation():
     assert any("n_gen >= 2" in msg for msg in p.problems)  # before anything runs
 
 
+@pytest.mark.e2e
 def test_bench_trial_hash_ignores_latency_keys():
     bench = plan(["model.quant=Q4_0"]).trials[0]
     changed = dict(bench.config, backend=dict(bench.config["backend"], latency_requests=99, context=4096))
@@ -226,6 +228,7 @@ def test_bench_trial_hash_ignores_latency_keys():
 # Real llama-server, local device
 
 
+@pytest.mark.e2e
 def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
     trial = make_trial("backend.latency_requests=3")
     log, lines = trial_logger("real")
@@ -270,6 +273,7 @@ def test_latency_scenario_against_real_llama_server(llama_build, bundled_model):
     assert pm["decode_tps"] == pytest.approx(sum(1000 / r["itl_ms"] for r in rows) / 3, rel=1e-6)
 
 
+@pytest.mark.e2e
 def test_concurrency_two_keeps_two_requests_in_flight(llama_build, bundled_model):
     trial = make_trial("backend.latency_requests=2", "backend.latency_concurrency=2",
                        "backend.latency_warmup_requests=0")
@@ -286,6 +290,7 @@ def test_concurrency_two_keeps_two_requests_in_flight(llama_build, bundled_model
     assert all(r["output_tokens"] == 4 for r in rows)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("exc_type", [RuntimeError, KeyboardInterrupt])
 def test_server_is_stopped_when_the_client_raises_mid_run(llama_build, bundled_model, monkeypatch, exc_type):
     real_complete = client.StreamingClient.complete
@@ -309,6 +314,7 @@ def test_server_is_stopped_when_the_client_raises_mid_run(llama_build, bundled_m
     assert any("llama-server stopped" in line for line in lines.lines)
 
 
+@pytest.mark.e2e
 def test_server_is_stopped_on_ctrl_c_in_the_main_thread(llama_build, bundled_model, monkeypatch):
     """Ctrl-C (or the runner's SIGTERM turned into KeyboardInterrupt) lands in the main thread while the
     requests run in worker threads."""
@@ -336,6 +342,7 @@ def test_server_is_stopped_on_ctrl_c_in_the_main_thread(llama_build, bundled_mod
 # Failure paths with the stand-in server
 
 
+@pytest.mark.e2e
 def test_server_that_never_becomes_ready_is_a_timeout_with_its_log(bundled_model):
     trial = make_trial(binary_dir=str(FAKE_SERVER_DIR), server_ready_timeout_s=2.0)
     log, lines = trial_logger("never-ready")
@@ -350,6 +357,7 @@ def test_server_that_never_becomes_ready_is_a_timeout_with_its_log(bundled_model
     assert_server_gone(lines.lines)
 
 
+@pytest.mark.e2e
 def test_server_that_exits_before_ready_fails_at_once_with_its_log(bundled_model):
     trial = make_trial(binary_dir=str(FAKE_SERVER_DIR), server_ready_timeout_s=60.0,
                        server_extra_args=["--fake-mode", "exit"])
@@ -372,6 +380,8 @@ def test_missing_server_binary_is_reported_by_preflight(tmp_path):
 # Over SSH (emulated Jetson: a real sshd on loopback; its commands run on this machine)
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_latency_scenario_over_ssh_tunnel(llama_build, bundled_model, orin_nano):
     trial = make_trial("backend.latency_requests=2")
     log, lines = trial_logger("ssh")

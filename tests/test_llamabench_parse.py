@@ -14,7 +14,7 @@ from jbench.backends.llamacpp.bench import (
     record_phase,
 )
 
-from .conftest import DATA, SHARED
+from .conftest import DATA
 
 
 def _lines(path):
@@ -22,7 +22,7 @@ def _lines(path):
 
 
 def test_readme_record_5a32f10_decode_phase():
-    records = parse_records((SHARED / "llama-bench" / "llama-bench-readme-5a32f10.jsonl").read_text())
+    records = parse_records((DATA / "llama-bench" / "llama-bench-readme-5a32f10.jsonl").read_text())
     assert len(records) == 1
     phase = record_phase(records[0])
     assert phase.phase == "decode" and phase.n_tokens == 128
@@ -31,7 +31,7 @@ def test_readme_record_5a32f10_decode_phase():
     mean = sum(phase.samples_tps) / len(phase.samples_tps)
     assert mean == pytest.approx(records[0]["avg_ts"], rel=1e-5)
     assert phase.samples_tps == pytest.approx(records[0]["samples_ts"], rel=1e-5)
-    phases, build, info = parse_output((SHARED / "llama-bench" / "llama-bench-readme-5a32f10.jsonl").read_text())
+    phases, build, info = parse_output((DATA / "llama-bench" / "llama-bench-readme-5a32f10.jsonl").read_text())
     assert set(phases) == {"decode"}
     assert build == {"build_commit": "8cf427ff", "build_number": "5163"}
     assert info["gpu_info"] == "NVIDIA GeForce RTX 4080" and info["backends"] == "CUDA"

@@ -46,6 +46,7 @@ def test_cuda_decision(monkeypatch):
         decide_cuda(True)
 
 
+@pytest.mark.e2e
 def test_setup_is_cached_and_reports_requantized_files(bundled_model, llama_build):
     from .conftest import jbench_cli
 

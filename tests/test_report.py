@@ -92,6 +92,7 @@ def test_bits_per_weight_and_pareto():
     assert pareto_frontier([5, 9, 10, 12, 20], [3, 6, 5, 6, 9]) == [0, 1, 4]
 
 
+@pytest.mark.e2e
 def test_chromium_console_capture_is_not_vacuous(tmp_path):
     page = tmp_path / "bad.html"
     page.write_text('<!DOCTYPE html><html><body><p>x</p><script>console.error("boom"); null.f();</script></body></html>')
@@ -223,6 +224,7 @@ def _telemetry_artifacts(k: int) -> dict[str, str]:
     return {"telemetry/samples.csv": samples.to_csv(index=False), "telemetry/windows.json": json.dumps(windows)}
 
 
+@pytest.mark.e2e
 def test_report_with_every_section(tmp_path):
     uri, decode_reps = _write_store(tmp_path / "results")
     df = runs_frame(uri, ["orin_study"], kinds=("trial", "sweep"))

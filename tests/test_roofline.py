@@ -304,6 +304,8 @@ def _expected_weight_bytes(reader: gguf.GGUFReader) -> tuple[int, bool]:
     return total, tied
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_bundled_gemma3_weight_bytes(bundled_gemma):
     gemma_reader = _bundled_reader(bundled_gemma)
     model = rl.read_gguf(gemma_reader)
@@ -329,6 +331,8 @@ def test_bundled_gemma3_weight_bytes(bundled_gemma):
         assert rl.tensor_bytes(t.ggml_type, t.n_elements) == t.n_bytes, t.name
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_bundled_gemma3_arch_and_sliding_window(bundled_gemma):
     gemma_reader = _bundled_reader(bundled_gemma)
     model = rl.read_gguf(gemma_reader)

@@ -24,9 +24,8 @@ from jbench.device.jetson import jetson_fingerprint, parse_clocks_show
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.device.ssh import HostKeyError
 
-from .conftest import SHARED, jbench_cli
+from .conftest import jbench_cli
 
-pytestmark = pytest.mark.e2e
 
 
 def device_cfg(emu, **extra) -> dict:
@@ -48,6 +47,7 @@ def write_conf(tmp_path: Path, emu, **extra) -> Path:
 # -- connection ----------------------------------------------------------------------------------
 
 
+@pytest.mark.ssh
 def test_commands_are_argument_lists_and_config_values_cannot_inject(orin_nano, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -61,6 +61,7 @@ def test_commands_are_argument_lists_and_config_values_cannot_inject(orin_nano, 
     assert victim.exists() and not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
 
+@pytest.mark.ssh
 def test_unknown_host_key_is_refused_with_fingerprint_and_opt_in(orin_nano, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -76,6 +77,7 @@ def test_unknown_host_key_is_refused_with_fingerprint_and_opt_in(orin_nano, tmp_
         assert conn.run(["true"]).ok
 
 
+@pytest.mark.ssh
 def test_wrong_host_key_is_refused(orin_nano, agx_orin, tmp_path):
     # agx_orin's key recorded for orin_nano's address: a changed key must never be accepted.
     known = tmp_path / "known_hosts"
@@ -102,6 +104,7 @@ def test_unreachable_host_fails_within_the_connect_timeout(tmp_path):
                  "known_hosts": str(tmp_path / "kh")})
 
 
+@pytest.mark.ssh
 def test_timeout_ends_the_remote_process(orin_nano):
     with connect(device_cfg(orin_nano)) as conn:
         with pytest.raises(Exception, match="did not finish within 1 s"):
@@ -114,6 +117,7 @@ def test_timeout_ends_the_remote_process(orin_nano):
 # -- power state -----------------------------------------------------------------------------------
 
 
+@pytest.mark.ssh
 def test_mode_switch_clock_lock_verify_and_restore(orin_nano_super):
     emu = orin_nano_super
     with connect(device_cfg(emu)) as conn:
@@ -134,6 +138,7 @@ def test_mode_switch_clock_lock_verify_and_restore(orin_nano_super):
         assert power._read_state_file() is None
 
 
+@pytest.mark.ssh
 def test_reboot_mode_refused_without_opt_in_and_done_with_it(orin_nano_super):
     emu = orin_nano_super
     with connect(device_cfg(emu)) as conn:
@@ -147,6 +152,7 @@ def test_reboot_mode_refused_without_opt_in_and_done_with_it(orin_nano_super):
         assert power.current().mode == "7W"
 
 
+@pytest.mark.ssh
 def test_sudo_password_from_environment_never_logged(orin_nano, tmp_path, monkeypatch):
     emu = orin_nano
     emu.set_sudo_password("s3cret-Pw!")
@@ -166,6 +172,7 @@ def test_sudo_password_from_environment_never_logged(orin_nano, tmp_path, monkey
 # -- fingerprint, doctor, devices check -------------------------------------------------------------
 
 
+@pytest.mark.ssh
 @pytest.mark.parametrize("module, l4t, model_word", [("orin_nano", "36.3.0", "Orin Nano"), ("agx_orin", "35.4.1", "AGX Orin")])
 def test_fingerprint_and_doctor_on_two_modules(emulated_jetson_factory, module, l4t, model_word):
     emu = emulated_jetson_factory(module)
@@ -185,6 +192,8 @@ def test_fingerprint_and_doctor_on_two_modules(emulated_jetson_factory, module, 
         assert item in checks
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_devices_and_doctor_commands(orin_nano, tmp_path):
     conf = write_conf(tmp_path, orin_nano)
     res = jbench_cli(["devices", "list", "--config-dir", str(conf)])
@@ -207,6 +216,8 @@ def _trials(uri, experiment):
                           key=lambda r: int(r.data.tags["jbench.trial_index"]))
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, tmp_path, llama_build, bundled_model):
     emu = orin_nano_super
     conf = write_conf(tmp_path, emu)
@@ -233,6 +244,8 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
     assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_failed_trial_and_exception_still_restore(orin_nano_super, tmp_path, bundled_model):
     emu = orin_nano_super
     conf = write_conf(tmp_path, emu)
@@ -246,6 +259,8 @@ def test_failed_trial_and_exception_still_restore(orin_nano_super, tmp_path, bun
     assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_unknown_mode_is_an_error_before_any_trial(orin_nano, tmp_path):
     conf = write_conf(tmp_path, orin_nano)
     res = jbench_cli(["sweep", "--config-dir", str(conf), "device=emu", "power.mode=MAXN_TURBO"],
@@ -273,6 +288,8 @@ def _wait_for(predicate, timeout=60):
     return False
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path, llama_build, bundled_model):
     emu = orin_nano_super
     proc = _start_sweep(write_conf(tmp_path, emu), tmp_path, llama_build, emu)
@@ -290,6 +307,8 @@ def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path,
     assert trials[0].info.status == "KILLED"
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_leftover_state_file_is_restored_at_the_next_start(orin_nano_super, tmp_path, llama_build, bundled_model):
     emu = orin_nano_super
     conf = write_conf(tmp_path, emu)
@@ -313,6 +332,8 @@ def test_leftover_state_file_is_restored_at_the_next_start(orin_nano_super, tmp_
     assert not list(Path(emu.home).glob(".cache/jbench/power-state-*.json"))
 
 
+@pytest.mark.ssh
+@pytest.mark.e2e
 def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_on(orin_nano, tmp_path, llama_build, bundled_model):
     emu = orin_nano
     conf = write_conf(tmp_path, emu)
@@ -339,6 +360,7 @@ def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_
     assert "connection lost" in open(log).read()  # the dropped attempt is in the trial's log
 
 
+@pytest.mark.ssh
 def test_jump_host(orin_nano, agx_orin, tmp_path):
     # Reach agx_orin through orin_nano (ProxyJump). The device entry's key is used for both hops, so
     # orin_nano also accepts agx_orin's key; both host keys are verified.

@@ -41,6 +41,8 @@ def _devices_dir(tmp_path: Path, ram_gb: float | None = None) -> Path:
     return conf
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_plans_for_every_profile(experiment, tmp_path, bundled_model):
     conf = _devices_dir(tmp_path)
@@ -62,6 +64,7 @@ def test_power_modes_needs_a_jetson():
         plan(["+experiment=power_modes"])
 
 
+@pytest.mark.e2e
 def test_power_modes_grid_and_ordering_by_power_state(tmp_path, bundled_model):
     conf = _devices_dir(tmp_path)
     p = plan(["+experiment=power_modes", "device=dev_agx_orin_64gb", "model.quant=Q4_0,Q8_0"], [conf])
@@ -90,12 +93,14 @@ def test_linked_dimensions_and_exclusions(tmp_path):
     assert p.trials == [] and "the grid is empty after dropping" in p.problems[-1]
 
 
+@pytest.mark.e2e
 def test_context_sweep_drops_beyond_the_models_context(bundled_model):
     p = plan(["+experiment=context_sweep", "backend.depth=0,4096,32768"])
     assert [t.config["backend"]["depth"] for t in p.trials] == [0, 4096]
     assert any("drop_beyond_context" in n and "32768" in n for n in p.notes)
 
 
+@pytest.mark.e2e
 def test_memory_fit_is_checked_against_the_profile(tmp_path, bundled_model):
     conf = _devices_dir(tmp_path, ram_gb=0.5)
     p = plan(["device=tiny", "model.quant=F16", "sweep.memory_reserve_gb=0.2"], [conf])
@@ -170,6 +175,7 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
 
 
 @pytest.mark.e2e
+@pytest.mark.ssh
 def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model):
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -1,17 +1,18 @@
-"""tegrastats parsing on the real, sourced corpus in shared/jetson-formats (every module and release)."""
+"""tegrastats parsing on the real, sourced corpus in tests/data/jetson-formats (every module and release)."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from jbench.device.telemetry import parse_line, parse_stream, sample_to_dict, total_input_power_mw
 from jbench.device.telemetry.tegrastats import CpuCore, Iram, Rail, TegrastatsSample
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "jetson-formats"
+from .conftest import DATA
+
+CORPUS = DATA / "jetson-formats"
 CORPUS_FILES = {
     "tegrastats-agx-orin.txt",
     "tegrastats-agx-xavier.txt",
@@ -30,7 +31,7 @@ NON_TEGRASTATS = {("tegrastats-tx2.txt", "Tue Jan 26 18:22:31 UTC 2021")}
 def _corpus_lines() -> list[tuple[str, str]]:
     """(file name, line) for every non-comment, non-blank corpus line; fails (never skips) without the corpus."""
     if not CORPUS.is_dir():
-        pytest.fail(f"tegrastats corpus missing: {CORPUS} (shared/ must sit beside the repository)")
+        pytest.fail(f"tegrastats corpus missing: {CORPUS}")
     found = {p.name for p in CORPUS.glob("tegrastats-*.txt")}
     missing = CORPUS_FILES - found
     if missing:

@@ -10,7 +10,7 @@ from jbench.analysis.telemetry import EnergySettings, PhaseWindow, counter_energ
 from jbench.device.local import LocalConnection
 from jbench.device.telemetry.samplers import SysfsSampler, split_stamp, tegrastats_sample
 
-from .conftest import SHARED
+from .conftest import DATA
 
 
 def _series(n=50, dt=0.1, **signals):
@@ -86,7 +86,7 @@ def test_no_power_signal_is_a_reason_not_a_zero():
 
 
 def test_tegrastats_sample_uses_the_profile_rails():
-    line = next(l for l in (SHARED / "jetson-formats" / "tegrastats-agx-orin.txt").read_text().splitlines()
+    line = next(l for l in (DATA / "jetson-formats" / "tegrastats-agx-orin.txt").read_text().splitlines()
                 if l and not l.startswith("#") and "VDD_GPU_SOC" in l)
     s = tegrastats_sample(5.0, line, rails_spec=["VDD_GPU_SOC"], gpu_rail="VDD_GPU_SOC", cpu_rail="VDD_CPU_CV")
     assert s["power_w"] == pytest.approx(s["rail_VDD_GPU_SOC_w"]) and s["gpu_power_w"] == s["rail_VDD_GPU_SOC_w"]

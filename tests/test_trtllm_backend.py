@@ -154,6 +154,7 @@ def test_cache_key_changes_with_what_makes_the_engine(field, value):
     assert engine_cache_key(**{**KEY_ARGS, field: value})[0] != key
 
 
+@pytest.mark.slow
 def test_build_once_then_cached(standin):
     trial, b = standin.trial(*LATENCY)
     first = b.run(trial, LocalConnection(), log)
@@ -174,6 +175,7 @@ def test_build_once_then_cached(standin):
     assert len([c for c in standin.calls("python3") if c["argv"][0] == "-c"]) == 2
 
 
+@pytest.mark.slow
 def test_other_version_or_lengths_build_another_engine(standin, monkeypatch):
     trial, b = standin.trial(*LATENCY)
     first = b.run(trial, LocalConnection(), log)
@@ -189,6 +191,7 @@ def test_other_version_or_lengths_build_another_engine(standin, monkeypatch):
     assert len([c for c in standin.calls("python3") if c["argv"][0] == "-c"]) == 2  # configured: not read
 
 
+@pytest.mark.slow
 def test_mismatched_manifest_or_failed_build_rebuilds(standin, monkeypatch):
     trial, b = standin.trial(*LATENCY)
     first = b.run(trial, LocalConnection(), log)
@@ -347,6 +350,7 @@ def test_preflight_names_missing_programs(standin, tmp_path):
     assert len(problems) == 2 and "trtllm-build not found" in problems[0] and "TensorRT-LLM is not installed" in problems[0]
 
 
+@pytest.mark.e2e
 def test_cli_run_into_mlflow(standin, tmp_path):
     res = jbench_cli(["run", "--config-dir", str(standin.config_dirs[0]), *standin.base, *LATENCY,
                       "telemetry.source=none"],

@@ -123,7 +123,7 @@ def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: En
 
 def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Optional[dict] = None,
              requested_mode: Optional[str] = None, actual_mode: Optional[str] = None) -> list[Finding]:
-    """Named diagnoses with their evidence (../shared/domain.md: symptoms and causes)."""
+    """Named diagnoses with their evidence (docs/metrics.md, "Findings", lists them)."""
     out: list[Finding] = []
     decode = next((w for w in windows if w.phase == "decode"), None)
     if requested_mode is not None and actual_mode is not None and requested_mode != actual_mode:

@@ -1,5 +1,5 @@
 """Jetson facts: parsers for nvpmodel, jetson_clocks and L4T release output, and the Jetson
-fingerprint. Pure parsing functions first (tested on ../shared/jetson-formats), then the reads
+fingerprint. Pure parsing functions first (tested on tests/data/jetson-formats), then the reads
 through a Connection.
 """
 

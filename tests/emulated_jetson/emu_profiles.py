@@ -1,8 +1,8 @@
 """What each emulated Jetson module is: identity files, power modes, clocks, and the real output formats
 its tools print. Standard library only, no relative imports (the fake tools import it as a top-level module).
 
-Provenance rules (the same as /work/shared/jetson-formats/README.md): every output template below carries a
-`# source:` comment naming the corpus file it was copied from (paths relative to /work/shared/jetson-formats/),
+Provenance rules (the same as tests/data/jetson-formats/README.md): every output template below carries a
+`# source:` comment naming the corpus file it was copied from (paths relative to tests/data/jetson-formats/),
 or, where the corpus has a gap, the public file it comes from ("public file, repository not resolved,
 reference id N" = an id in the code-search index used while writing this, as UNRESOLVED-provenance.txt does).
 Values that are not from any capture are marked `# emulator assumption`.

@@ -3,7 +3,7 @@
 `bin/<tool>` is a three-line python3 script that calls `main(<tool>, argv)` here. Standard library only; runs
 inside an ssh session of the emulated device, where $JETSON_EMU_STATE names the device's state directory.
 Output templates live next to the code that fills them, each with the `# source:` of the real capture it copies
-(file names relative to /work/shared/jetson-formats/). See emu_profiles.py for the module data.
+(file names relative to tests/data/jetson-formats/). See emu_profiles.py for the module data.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Parser for `tegrastats` output lines, across Jetson modules and JetPack/L4T releases.
 
 One line of tegrastats output becomes one `TegrastatsSample`. The format drifted a lot between
-L4T 24 (TX1, 2016) and JetPack 7.2 (R39.2, Orin/Thor); the corpus in `shared/jetson-formats/`
+L4T 24 (TX1, 2016) and JetPack 7.2 (R39.2, Orin/Thor); the corpus in `tests/data/jetson-formats/`
 holds real lines of every variant handled here. The parser is token driven and order agnostic
 (SWAP after CPU, rails before or after temperatures), splits on any run of whitespace, and never
 fails on something it does not understand: such tokens land in `TegrastatsSample.unknown`.

@@ -1,4 +1,5 @@
-"""Tests of the emulated Jetson fixture itself (tests/emulated_jetson), through the real OpenSSH client and paramiko."""
+"""Self-tests of the emulated Jetson fixture (tests/emulated_jetson), through the real OpenSSH client and paramiko.
+They live with the emulator, apart from the product tests; every one starts a real sshd."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from tests.emulated_jetson.fixtures import (  # noqa: F401  (fixtures)
     orin_nano,
     thor,
 )
+
+pytestmark = pytest.mark.ssh
 
 STRICT = ("StrictHostKeyChecking=yes", "BatchMode=yes")
 
