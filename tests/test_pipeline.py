@@ -63,11 +63,12 @@ def test_a_users_package_adds_an_analysis_and_a_telemetry_source(plugin_package)
 
     sampler = make_sampler("silent", LocalConnection(), {"name": "local"}, None, 100)
     assert sampler.problem == "my_checks: a source that never samples"
-    assert plan(["telemetry.source=silent"], use_grid=False).problems == []
+    problems = plan(["telemetry.source=silent"], use_grid=False).problems
+    assert not [m for m in problems if "telemetry.source" in m], problems
 
 
 def test_an_unknown_telemetry_source_is_refused_at_planning_with_the_valid_names():
-    problems = plan(["telemetry.source=bogus"], use_grid=False).problems
+    problems = [m for m in plan(["telemetry.source=bogus"], use_grid=False).problems if "telemetry.source" in m]
     assert len(problems) == 1 and "unknown telemetry.source 'bogus'" in problems[0]
     assert "tegrastats" in problems[0] and "nvml" in problems[0]
 
@@ -192,6 +193,7 @@ def test_noise_stage_marks_a_trial_whose_cv_is_over_the_limit(monkeypatch):
     assert run["tags"]["jbench.noisy"] == "true" and "decode_tps_cv" in run["tags"]["jbench.noisy_reason"]
 
 
+@pytest.mark.slow  # three sweeps into a real MLflow store: ~5 s
 def test_resume_matches_on_identity_so_another_build_runs_again(tmp_path, monkeypatch):
     """The same config with the same llama.cpp build is resumed; the same config with another build is
     not "already FINISHED" (the build is part of the trial's identity). Real MLflow store in tmp_path."""
