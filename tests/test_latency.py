@@ -197,7 +197,7 @@ def test_stream_reader_rejects_errors_and_garbage():
         client.StreamingClient.read_stream(_FakeResponse("data: {not json\n\n"))
 
 
-@pytest.mark.e2e
+@pytest.mark.e2e  # plans a trial on the bundled model, which `jbench setup` installs
 def test_validation():
     backend = LlamaCppBackend({})
     assert not backend.validate(make_trial())
@@ -211,7 +211,7 @@ def test_validation():
     assert any("n_gen >= 2" in msg for msg in p.problems)  # before anything runs
 
 
-@pytest.mark.e2e
+@pytest.mark.e2e  # plans a trial on the bundled model, which `jbench setup` installs
 def test_bench_trial_hash_ignores_latency_keys():
     bench = plan(["model.quant=Q4_0"]).trials[0]
     changed = dict(bench.config, backend=dict(bench.config["backend"], latency_requests=99, context=4096))

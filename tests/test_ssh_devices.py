@@ -27,7 +27,6 @@ from jbench.device.ssh import HostKeyError
 from .conftest import jbench_cli
 
 
-
 def device_cfg(emu, **extra) -> dict:
     cfg = emu.device_config(name="emu")
     cfg["paths"]["boot_id"] = str(emu.boot_id_path)
