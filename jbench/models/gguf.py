@@ -7,6 +7,9 @@ section once, skipping arrays without decoding them. The header is read front to
 buffered chunks (4 MiB, then doubling) and walked in memory with struct.unpack_from: a 262k-token
 vocabulary is skipped in tens of milliseconds instead of one seek per string. Value types follow
 the GGUF spec (the same numbering as gguf.GGUFValueType, which the tests check).
+
+Most callers want jbench.models.facts.model_facts(path): the facts derived from this header,
+cached on disk across processes. `kv_arch` here is served from that cache.
 """
 
 from __future__ import annotations
@@ -192,28 +195,9 @@ def scalars(path: str | Path) -> dict[str, Any]:
 
 
 def kv_arch(path: str | Path) -> dict[str, Any]:
-    """The fields the planner needs: architecture, context length, layers, heads, head dims."""
-    meta = scalars(path)
-    arch = meta.get("general.architecture")
-    if not arch:
-        raise GGUFMetaError(f"{path}: missing metadata key 'general.architecture'")
+    """The fields the planner needs: architecture, context length, layers, heads, head dims,
+    file type. Served from the cross-process facts cache (jbench.models.facts); raises
+    GGUFMetaError naming a missing key, OSError for a file that cannot be opened."""
+    from jbench.models.facts import model_facts
 
-    def need(key: str) -> Any:
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise GGUFMetaError(f"{path}: missing metadata key '{full}'")
-        return meta[full]
-
-    n_embd, n_head = need("embedding_length"), need("attention.head_count")
-    head_dim = meta.get(f"{arch}.attention.key_length", n_embd // n_head if n_head else None)
-    return {
-        "architecture": arch,
-        "context_length": need("context_length"),
-        "n_layer": need("block_count"),
-        "n_embd": n_embd,
-        "n_head": n_head,
-        "n_head_kv": meta.get(f"{arch}.attention.head_count_kv", n_head),
-        "head_dim": head_dim,
-        "head_dim_v": meta.get(f"{arch}.attention.value_length", head_dim),
-        "file_type": meta.get("general.file_type"),
-    }
+    return model_facts(path).kv_arch()
