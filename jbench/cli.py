@@ -111,11 +111,12 @@ def _sigterm_as_interrupt() -> None:
 def _history(plan_) -> dict:
     """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
     from jbench.tracking.common import resolve_uri
-    from jbench.tracking.reader import finished_trials
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
     if uri.startswith("sqlite:") and not Path(uri[len("sqlite:///"):]).exists():
         return {}
+    from jbench.tracking.reader import finished_trials  # imports mlflow (~1-2 s): only with a store
+
     try:
         return finished_trials(uri, plan_.tracking.get("experiment_name") or plan_.experiment)
     except Exception as exc:  # an unreachable tracking server must not stop a dry run
@@ -124,11 +125,6 @@ def _history(plan_) -> dict:
 
 
 def _execute(plan_, dry_run: bool) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from jbench.sweeps.runner import PreflightError, run_plan
-    from jbench.tracking.writer import Tracker
-
     if plan_.problems:
         err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
         for p in plan_.problems:
@@ -161,6 +157,12 @@ def _execute(plan_, dry_run: bool) -> None:
                       + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
                       highlight=False)
         return
+
+    # Imported only to run: the runner and the tracker import mlflow, which a dry run does not need.
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from jbench.sweeps.runner import PreflightError, run_plan
+    from jbench.tracking.writer import Tracker
 
     progress = Progress(
         TextColumn("[bold]trial {task.completed}/{task.total}[/]"),
