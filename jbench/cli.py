@@ -158,11 +158,10 @@ def _execute(plan_, dry_run: bool) -> None:
                       highlight=False)
         return
 
-    # Imported only to run: the runner and the tracker import mlflow, which a dry run does not need.
+    # Imported only to run: the runner imports mlflow (through tracking.reader), which a dry run does not need.
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from jbench.sweeps.runner import PreflightError, run_plan
-    from jbench.tracking.writer import Tracker
 
     progress = Progress(
         TextColumn("[bold]trial {task.completed}/{task.total}[/]"),
@@ -176,6 +175,8 @@ def _execute(plan_, dry_run: bool) -> None:
     )
 
     def tracker():
+        from jbench.tracking.writer import Tracker  # mlflow: only once the runner asks for a store
+
         t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
         console.print(f"tracking to {t.uri}", highlight=False)
         return t
