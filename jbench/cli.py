@@ -111,25 +111,26 @@ def _sigterm_as_interrupt() -> None:
 def _history(plan_) -> dict:
     """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
     from jbench.tracking.common import resolve_uri, store_exists
-    from jbench.tracking.reader import finished_trials
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
     if not store_exists(uri):
         return {}
+    from jbench.tracking.resume_index import finished_trials_sqlite
+
+    exp_name = plan_.tracking.get("experiment_name") or plan_.experiment
+    fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
+    if fast is not None:
+        return fast
+    from jbench.tracking.reader import finished_trials  # imports mlflow (~1-2 s): only when sqlite3 cannot answer
+
     try:
-        return finished_trials(uri, plan_.tracking.get("experiment_name") or plan_.experiment)
+        return finished_trials(uri, exp_name)
     except Exception as exc:  # an unreachable tracking server must not stop a dry run
         err_console.print(f"[yellow]no duration estimate: {exc}[/]")
         return {}
 
 
 def _execute(plan_, dry_run: bool) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from jbench.sweeps.sweep import PreflightError, Sweep
-    from jbench.tracking.writer import Tracker
-    from jbench.trial import resume_key
-
     if plan_.problems:
         err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
         for p in plan_.problems:
@@ -143,6 +144,8 @@ def _execute(plan_, dry_run: bool) -> None:
         console.print(f"[cyan]note:[/] {note}", highlight=False)
     notes_shown = len(plan_.notes)
     if dry_run:
+        from jbench.trial import resume_key
+
         history = _history(plan_)
         known = 0.0
         unknown = 0
@@ -161,6 +164,11 @@ def _execute(plan_, dry_run: bool) -> None:
                       highlight=False)
         return
 
+    # Imported only to run: the sweep imports mlflow when it needs a store, which a dry run does not.
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from jbench.sweeps.sweep import PreflightError, Sweep
+
     progress = Progress(
         TextColumn("[bold]trial {task.completed}/{task.total}[/]"),
         BarColumn(),
@@ -173,6 +181,8 @@ def _execute(plan_, dry_run: bool) -> None:
     )
 
     def tracker():
+        from jbench.tracking.writer import Tracker  # mlflow: only once the runner asks for a store
+
         t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
         console.print(f"tracking to {t.uri}", highlight=False)
         return t

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jbench.analysis.roofline import read_gguf, read_gguf_header, weight_bytes_per_token
+from jbench.analysis.roofline import weight_bytes_per_token
+from jbench.models.facts import read_gguf, read_gguf_header
 from jbench.models.gguf import GGUFMetaError, header, kv_arch
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from jbench.analysis import roofline as rl
 from jbench.analysis.roofline import ModelArch, RooflineError
+from jbench.models.facts import read_gguf
 
 # The classes of model the domain notes' worked examples use.
 LLAMA3_8B = ModelArch(
@@ -219,7 +220,7 @@ def test_missing_metadata_key_is_named(tmp_path):
     path = tmp_path / "no_kv_heads.gguf"
     _write_gguf(path, head_count_kv=False)
     with pytest.raises(RooflineError, match=r"llama\.attention\.head_count_kv"):
-        rl.read_gguf(path)
+        read_gguf(path)
 
 
 @pytest.mark.parametrize("content", [b"", b"not a gguf file at all, just text\n" * 4])
@@ -227,18 +228,18 @@ def test_unreadable_file_is_named(tmp_path, content):
     path = tmp_path / "broken.gguf"
     path.write_bytes(content)
     with pytest.raises(RooflineError, match="broken.gguf"):
-        rl.read_gguf(path)
+        read_gguf(path)
 
 
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(RooflineError, match="absent.gguf"):
-        rl.read_gguf(tmp_path / "absent.gguf")
+        read_gguf(tmp_path / "absent.gguf")
 
 
 def test_tiny_gguf_untied_and_tied(tmp_path):
     path = tmp_path / "tiny.gguf"
     _write_gguf(path)
-    model = rl.read_gguf(path)
+    model = read_gguf(path)
     assert model.architecture == "llama"
     assert model.arch.head_dim == 16 and model.arch.head_dim_v == 16  # 64 / 4 heads
     assert model.arch.vocab_size == 16 and not model.arch.tied_embeddings
@@ -252,7 +253,7 @@ def test_tiny_gguf_untied_and_tied(tmp_path):
 
     tied_path = tmp_path / "tied.gguf"
     _write_gguf(tied_path, tied=True)
-    tied = rl.read_gguf(tied_path)
+    tied = read_gguf(tied_path)
     assert tied.arch.tied_embeddings
     wt = rl.weight_bytes_per_token(tied)
     assert wt.tied_embeddings and wt.lm_head_tensor == "token_embd.weight"
@@ -308,7 +309,7 @@ def _expected_weight_bytes(reader: gguf.GGUFReader) -> tuple[int, bool]:
 @pytest.mark.e2e
 def test_bundled_gemma3_weight_bytes(bundled_gemma):
     gemma_reader = _bundled_reader(bundled_gemma)
-    model = rl.read_gguf(gemma_reader)
+    model = read_gguf(gemma_reader)
     assert model.architecture == "gemma3"
     assert model.file_type_name == "Q4_K_M"
 
@@ -335,7 +336,7 @@ def test_bundled_gemma3_weight_bytes(bundled_gemma):
 @pytest.mark.e2e
 def test_bundled_gemma3_arch_and_sliding_window(bundled_gemma):
     gemma_reader = _bundled_reader(bundled_gemma)
-    model = rl.read_gguf(gemma_reader)
+    model = read_gguf(gemma_reader)
     arch = model.arch
     fields = gemma_reader.fields
 

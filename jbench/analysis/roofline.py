@@ -6,7 +6,9 @@ Batch-1 decode is a chain of GEMVs: every weight byte is read from DRAM once per
     decode ceiling (tok/s) = achievable bandwidth (B/s) / bytes read per token
     bytes read per token   = weight bytes touched per token + KV-cache bytes read at depth D
 
-Pure functions only: no device, no MLflow. Every block size and type size comes from the `gguf`
+Pure functions only: no device, no MLflow, no file reading: a model file's facts (architecture,
+tensor table) come from jbench.models.facts (`read_gguf_header(path)` gives the GGUFModel used here,
+cached across processes). Every block size and type size comes from the `gguf`
 package (`GGMLQuantizationType`, `GGML_QUANT_SIZES`), never from a hand-made table, and weight bytes
 of a real model come from its tensor table, never from per-layer rules of thumb.
 
@@ -38,12 +40,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+
+# GGUF tensor names and llama.cpp's per-architecture sliding-window facts live with the code that
+# reads model files (jbench.models.facts); they are re-exported here for the weight rules below.
+from jbench.models.facts import OUTPUT_TENSOR, SWA_DEFAULT_WINDOW, SWA_PATTERNS, TOKEN_EMBD_TENSOR
 
 GGMLType = Union[int, str, GGMLQuantizationType]
 
@@ -61,15 +66,6 @@ LABEL_NEAR_ROOFLINE = "near-roofline"
 LABEL_MEMORY_BOUND = "memory-bound, below roofline"
 LABEL_FAR_BELOW = "far below roofline (overheads)"
 
-TOKEN_EMBD_TENSOR = "token_embd.weight"
-OUTPUT_TENSOR = "output.weight"
-
-# Which layers slide, for architectures whose GGUF does not say (llama.cpp hard-codes these in
-# llama-model.cpp via hparams.set_swa_pattern(n): layer il slides iff il % n < n - 1, i.e. every
-# n-th layer is full attention).
-SWA_PATTERNS: dict[str, int] = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
-# Gemma 2 GGUFs may omit the window; llama.cpp then uses 4096.
-SWA_DEFAULT_WINDOW: dict[str, int] = {"gemma2": 4096}
 
 # llama.cpp file types whose dominant ggml type is not their own name with the _S/_M/_L size suffix
 # dropped (the default_type switch in llama.cpp's llama-quant.cpp). Names only: sizes still come from
@@ -203,7 +199,7 @@ def swa_layers_from_pattern(n_layer: int, pattern: int) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------------------------
-# GGUF files
+# A GGUF file's facts (read by jbench.models.facts)
 
 
 @dataclass(frozen=True)
@@ -261,224 +257,6 @@ class GGUFModel:
         for t in self.tensors:
             counts[t.type_name] = counts.get(t.type_name, 0) + 1
         return counts
-
-
-def _field_value(field_: object) -> object:
-    """A reader field's value: int/float/bool/str, or a list for arrays.
-
-    Uses parts/data directly (present in every gguf release jbench supports) rather than contents().
-    """
-    types = list(getattr(field_, "types"))
-    parts = getattr(field_, "parts")
-    data = list(getattr(field_, "data"))
-
-    def one(vtype: GGUFValueType, idx: int) -> object:
-        if vtype == GGUFValueType.STRING:
-            return bytes(parts[idx]).decode("utf-8", errors="replace")
-        value = parts[idx][0]
-        if vtype == GGUFValueType.BOOL:
-            return bool(value)
-        if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-            return float(value)
-        return int(value)
-
-    if not types:
-        return None
-    if types[0] == GGUFValueType.ARRAY:
-        if len(types) < 2 or types[1] == GGUFValueType.ARRAY:
-            return [None] * len(data)  # nested arrays: only the length is of use here
-        return [one(types[1], i) for i in data]
-    return one(types[0], data[0])
-
-
-class _Meta:
-    """Metadata access that names the missing key in its error."""
-
-    def __init__(self, reader: GGUFReader, path: str) -> None:
-        self._fields = reader.fields
-        self._path = path
-
-    def has(self, key: str) -> bool:
-        return key in self._fields
-
-    def get(self, key: str) -> object:
-        return _field_value(self._fields[key]) if key in self._fields else None
-
-
-    def require_int(self, key: str) -> int:
-        if key not in self._fields:
-            raise RooflineError(f"{self._path}: missing metadata key '{key}'")
-        return self._as_int(key, self.get(key))
-
-    def array_len(self, key: str) -> Optional[int]:
-        """Length of an array field without decoding its items (the token list is 100k+ strings)."""
-        if key not in self._fields:
-            return None
-        f = self._fields[key]
-        return len(f.data) if f.types and f.types[0] == GGUFValueType.ARRAY else None
-
-    def optional_int(self, key: str) -> Optional[int]:
-        return self._as_int(key, self.get(key)) if key in self._fields else None
-
-    def _as_int(self, key: str, value: object) -> int:
-        if isinstance(value, list):
-            # Per-layer values (hybrid models, OpenELM): the flat formulas below do not apply.
-            raise RooflineError(f"{self._path}: metadata key '{key}' holds per-layer values; not supported")
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise RooflineError(f"{self._path}: metadata key '{key}' is not an integer: {value!r}")
-        return int(value)
-
-
-class _HeaderMeta(_Meta):
-    """The same access over jbench.models.gguf's fast header read (a plain dict)."""
-
-    def __init__(self, values: dict, path: str) -> None:
-        self._values = values
-        self._fields = values
-        self._path = path
-
-    def get(self, key: str) -> object:
-        return self._values.get(key)
-
-    def array_len(self, key: str) -> Optional[int]:
-        return self._values.get(f"{key}.__len__")
-
-
-def _file_type_name(file_type: Optional[int]) -> Optional[str]:
-    if file_type is None:
-        return None
-    try:
-        member = LlamaFileType(file_type)
-    except ValueError:
-        return None
-    return member.name.replace("MOSTLY_", "").replace("ALL_", "")
-
-
-def read_gguf(path: Union[str, os.PathLike, GGUFReader]) -> GGUFModel:
-    """Architecture and tensor table of a GGUF file (tensor data is memory-mapped, not read).
-
-    Also takes an open GGUFReader: parsing a 256k-token vocabulary takes GGUFReader ~15 s, so a
-    caller that already has one should not pay twice.
-    """
-    if isinstance(path, GGUFReader):
-        reader = path
-        path_str = str(getattr(getattr(reader, "data", None), "filename", None) or "<GGUFReader>")
-    else:
-        path_str = os.fspath(path)
-        try:
-            reader = GGUFReader(path_str, "r")
-        except Exception as exc:  # OSError, ValueError, struct/numpy errors... depending on the damage
-            raise RooflineError(f"cannot read GGUF file '{path_str}': {type(exc).__name__}: {exc}") from exc
-
-    meta = _Meta(reader, path_str)
-    tensors = tuple(
-        TensorInfo(
-            name=str(t.name),
-            ggml_type=ggml_type(int(t.tensor_type)),
-            shape=tuple(int(d) for d in t.shape),
-            n_elements=int(t.n_elements),
-            n_bytes=int(t.n_bytes),
-        )
-        for t in reader.tensors
-    )
-    return _model_from(meta, tensors, path_str)
-
-
-def read_gguf_header(path: Union[str, os.PathLike]) -> GGUFModel:
-    """read_gguf() from a fast walk of the header (jbench.models.gguf): the same model in well under
-    a second where GGUFReader takes seconds on 100k+-token vocabularies. Used per trial."""
-    from jbench.models.gguf import GGUFMetaError, header
-
-    path_str = os.fspath(path)
-    try:
-        values, table = header(path_str)
-    except (GGUFMetaError, OSError) as exc:
-        raise RooflineError(f"cannot read GGUF file '{path_str}': {exc}") from exc
-    tensors = []
-    for name, dims, type_id in table:
-        n = math.prod(dims)
-        tensors.append(TensorInfo(name=name, ggml_type=ggml_type(type_id), shape=dims, n_elements=n,
-                                  n_bytes=tensor_bytes(type_id, n)))
-    return _model_from(_HeaderMeta(values, path_str), tuple(tensors), path_str)
-
-
-def _model_from(meta: "_Meta", tensors: tuple, path_str: str) -> GGUFModel:
-    arch_name = meta.get("general.architecture")
-    if not isinstance(arch_name, str) or not arch_name:
-        raise RooflineError(f"{path_str}: missing metadata key 'general.architecture'")
-
-    by_name = {t.name: t for t in tensors}
-
-    def key(suffix: str) -> str:
-        return f"{arch_name}.{suffix}"
-
-    n_layer = meta.require_int(key("block_count"))
-    n_embd = meta.require_int(key("embedding_length"))
-    n_head = meta.require_int(key("attention.head_count"))
-    n_head_kv = meta.require_int(key("attention.head_count_kv"))
-    head_dim = meta.optional_int(key("attention.key_length"))
-    if head_dim is None:
-        head_dim = n_embd // n_head  # llama.cpp's default when key_length is absent
-    head_dim_v = meta.optional_int(key("attention.value_length"))
-    n_ff = meta.require_int(key("feed_forward_length"))
-
-    vocab = meta.optional_int(key("vocab_size"))
-    if vocab is None:
-        vocab = meta.array_len("tokenizer.ggml.tokens")
-    if vocab is None and TOKEN_EMBD_TENSOR in by_name and len(by_name[TOKEN_EMBD_TENSOR].shape) >= 2:
-        vocab = by_name[TOKEN_EMBD_TENSOR].shape[1]
-    if not vocab:
-        raise RooflineError(
-            f"{path_str}: missing metadata key 'tokenizer.ggml.tokens' (and no '{key('vocab_size')}' "
-            f"or {TOKEN_EMBD_TENSOR} to take the vocabulary size from)"
-        )
-
-    notes: list[str] = []
-    window = meta.optional_int(key("attention.sliding_window"))
-    if window is None:
-        window = SWA_DEFAULT_WINDOW.get(arch_name)
-    swa_layers: tuple[int, ...] = ()
-    if window:
-        pattern = meta.get(key("attention.sliding_window_pattern"))
-        if isinstance(pattern, list):
-            swa_layers = tuple(i for i, sliding in enumerate(pattern[:n_layer]) if sliding)
-        elif isinstance(pattern, numbers.Integral) and not isinstance(pattern, bool):
-            swa_layers = swa_layers_from_pattern(n_layer, int(pattern))
-        elif arch_name in SWA_PATTERNS:
-            swa_layers = swa_layers_from_pattern(n_layer, SWA_PATTERNS[arch_name])
-        else:
-            notes.append(
-                f"sliding window {window} present but the layer pattern of '{arch_name}' is unknown: "
-                "every layer counted as full attention (upper bound)"
-            )
-    if any("_exps" in t.name for t in tensors):
-        notes.append("mixture-of-experts tensors counted in full (upper bound: only routed experts are read)")
-
-    arch = ModelArch(
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        head_dim_v=head_dim_v,
-        n_ff=n_ff,
-        vocab_size=int(vocab),
-        tied_embeddings=OUTPUT_TENSOR not in by_name,
-        sliding_window=window if swa_layers else None,
-        swa_layers=swa_layers,
-    )
-    file_type = meta.optional_int("general.file_type")
-    name = meta.get("general.name")
-    return GGUFModel(
-        path=path_str,
-        architecture=arch_name,
-        arch=arch,
-        tensors=tensors,
-        file_type=file_type,
-        file_type_name=_file_type_name(file_type),
-        name=name if isinstance(name, str) else None,
-        notes=tuple(notes),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -946,6 +724,16 @@ def memory_fit(
     )
 
 
+def __getattr__(name: str):
+    # read_gguf / read_gguf_header moved to jbench.models.facts (this module reads no files); kept
+    # reachable here for callers written against the old location.
+    if name in ("read_gguf", "read_gguf_header"):
+        from jbench.models import facts
+
+        return getattr(facts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ABOVE_CEILING_FRACTION",
     "FitResult",
@@ -975,7 +763,6 @@ __all__ = [
     "kv_bytes_per_token_per_layer",
     "matmul_params",
     "memory_fit",
-    "read_gguf",
     "regime_label",
     "roofline_from_arch",
     "roofline_from_gguf",

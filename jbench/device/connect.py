@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.local import LocalConnection
-from jbench.device.ssh import SSHConnection
+
+# jbench.device.ssh (paramiko, cryptography: ~0.2 s of imports) is imported only for SSH devices,
+# so a sweep on this machine does not pay for it.
 
 
 def _jump_connection(spec: str, device: dict) -> Connection:
     """device.jump 'user@host:port' -> an SSH connection to the jump host (same host-key rules)."""
+    from jbench.device.ssh import SSHConnection
+
     user, _, hostport = spec.rpartition("@")
     host, _, port = hostport.partition(":")
     return SSHConnection(f"{device['name']}-jump", host, port=int(port or 22), user=user or None,
@@ -25,6 +29,8 @@ def connect(device: dict) -> Connection:
     if kind == "ssh":
         if not device.get("host"):
             raise DeviceError(f"device '{device.get('name')}': kind ssh needs device.host")
+        from jbench.device.ssh import SSHConnection
+
         conn = SSHConnection(
             device["name"], device["host"], port=int(device.get("port") or 22), user=device.get("user"),
             key=device.get("key"), known_hosts=device.get("known_hosts"),

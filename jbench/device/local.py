@@ -13,6 +13,50 @@ from pathlib import Path
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 
 
+# How long a process group gets to exit after SIGTERM before SIGKILL.
+TERM_GRACE_S = 2.0
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to the group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal (e.g. sudo's root child): still there
+        return True
+    return True
+
+
+def end_process_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
+    """SIGTERM the process group led by proc, wait up to grace_s for every member to exit, SIGKILL
+    what is left, reap proc and close its pipes. Safe to call when the group is already gone."""
+    grace = TERM_GRACE_S if grace_s is None else grace_s
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    if _signal_group(pgid, signal.SIGTERM):
+        deadline = time.monotonic() + grace
+        while True:
+            proc.poll()  # reap the leader, or its zombie keeps the group "alive"
+            if not _signal_group(pgid, 0) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        _signal_group(pgid, signal.SIGKILL)
+    try:
+        # Drain and close the pipes; bounded, as a process that left the group may hold them open.
+        proc.communicate(timeout=1.0)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class LineStream:
     """Output lines of a running local command."""
 
@@ -68,24 +112,33 @@ class LocalConnection(Connection):
             full_env.update(env)
         start = time.monotonic()
         try:
-            proc = subprocess.run(
+            # A session (and process group) of its own: on a timeout or Ctrl-C the whole tree is
+            # ended, not only the direct child (a `sh -c` wrapper, sudo, a tool's own workers).
+            proc = subprocess.Popen(
                 argv,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 text=True,
                 errors="replace",
-                timeout=timeout,
                 env=full_env,
                 cwd=cwd,
-                input=stdin,
-                stdin=None if stdin is not None else subprocess.DEVNULL,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired as exc:
-            raise CommandTimeout(f"{shlex.join(argv)} did not finish within {timeout:g} s") from exc
         except FileNotFoundError as exc:
             return CommandResult(argv, 127, "", f"{argv[0]}: not found ({exc.strerror})", time.monotonic() - start)
         except PermissionError as exc:
             return CommandResult(argv, 126, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
-        return CommandResult(shown, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+        try:
+            out, err = proc.communicate(input=stdin, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            end_process_group(proc)
+            raise CommandTimeout(f"{shlex.join(argv)} did not finish within {timeout:g} s "
+                                 "(its process group was ended)") from exc
+        except BaseException:  # KeyboardInterrupt: Ctrl-C, or SIGTERM turned into one by the CLI
+            end_process_group(proc)
+            raise
+        return CommandResult(shown, proc.returncode, out, err, time.monotonic() - start)
 
     def stream_lines(self, argv) -> LineStream:
         return LineStream([str(a) for a in argv])

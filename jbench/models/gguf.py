@@ -1,64 +1,120 @@
-"""Fast read of a GGUF file's scalar metadata (architecture, context length, layer and head counts).
+"""Fast read of a GGUF file's header: scalar metadata (architecture, context length, layer and head
+counts) and the tensor table, without tensor data.
 
 gguf.GGUFReader builds objects for every field, including vocabularies of 100k+ strings, which
 takes many seconds; the sweep planner only needs a dozen scalars, so this walks the key/value
-section once, skipping arrays without decoding them. Value types follow the GGUF spec (the same
-numbering as gguf.GGUFValueType, which the tests check).
+section once, skipping arrays without decoding them. The header is read front to back in large
+buffered chunks (4 MiB, then doubling) and walked in memory with struct.unpack_from: a 262k-token
+vocabulary is skipped in tens of milliseconds instead of one seek per string. Value types follow
+the GGUF spec (the same numbering as gguf.GGUFValueType, which the tests check).
+
+Most callers want jbench.models.facts.model_facts(path): the facts derived from this header,
+cached on disk across processes. `kv_arch` here is served from that cache.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SIZES = {k: struct.calcsize(v) for k, v in _SCALARS.items()}
 _STRING, _ARRAY = 8, 9
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_ARRAY_HEAD = struct.Struct("<IQ")  # element type, count
+_TENSOR_TAIL = struct.Struct("<IQ")  # ggml type, data offset
+_COUNTS = struct.Struct("<QQ")  # tensors, key/value pairs
+
+_FIRST_CHUNK = 4 << 20
+
+_CORRUPT_LENGTH = "corrupt GGUF header (a length runs past the end of the file)"
+_CORRUPT_STRING = "corrupt GGUF header (a string runs past the end of the file)"
 
 
 class GGUFMetaError(ValueError):
     pass
 
 
-def _read(f, n: int) -> bytes:
-    if n < 0 or n > _remaining(f):
-        raise GGUFMetaError("corrupt GGUF header (a length runs past the end of the file)")
-    data = f.read(n)
-    if len(data) != n:
-        raise GGUFMetaError("truncated GGUF header")
-    return data
+class _Buffer:
+    """The file's first bytes, read in growing chunks; `data` is always a prefix of the file."""
+
+    __slots__ = ("f", "size", "data")
+
+    def __init__(self, f, size: int) -> None:
+        self.f = f
+        self.size = size
+        self.data = bytearray()
+
+    def ensure(self, end: int) -> bytearray:
+        """Make data cover [0, end); a length that runs past the end of the file is corrupt."""
+        if end > self.size:
+            raise GGUFMetaError(_CORRUPT_LENGTH)
+        have = len(self.data)
+        if end > have:
+            want = min(self.size, max(end, 2 * have, _FIRST_CHUNK))
+            more = self.f.read(want - have)
+            self.data += more
+            if len(self.data) < end:
+                raise GGUFMetaError("truncated GGUF header")
+        return self.data
 
 
-def _remaining(f) -> int:
-    here = f.tell()
-    end = f.seek(0, 2)
-    f.seek(here)
-    return end - here
+def _unpack(buf: _Buffer, st: struct.Struct, off: int) -> tuple[tuple, int]:
+    end = off + st.size
+    data = buf.data if end <= len(buf.data) else buf.ensure(end)
+    return st.unpack_from(data, off), end
 
 
-def _string(f) -> str:
-    (n,) = struct.unpack("<Q", _read(f, 8))
-    return _read(f, n).decode("utf-8", errors="replace")
+def _string(buf: _Buffer, off: int) -> tuple[str, int]:
+    (n,), off = _unpack(buf, _U64, off)
+    if n > buf.size - off:
+        raise GGUFMetaError(_CORRUPT_LENGTH)
+    end = off + n
+    data = buf.data if end <= len(buf.data) else buf.ensure(end)
+    return bytes(data[off:end]).decode("utf-8", errors="replace"), end
 
 
-def _skip_value(f, vtype: int) -> None:
-    if vtype in _SCALARS:
-        f.seek(struct.calcsize(_SCALARS[vtype]), 1)
-    elif vtype == _STRING:
-        (n,) = struct.unpack("<Q", _read(f, 8))
-        if n > _remaining(f):
-            raise GGUFMetaError("corrupt GGUF header (a string runs past the end of the file)")
-        f.seek(n, 1)
-    elif vtype == _ARRAY:
-        etype, count = struct.unpack("<IQ", _read(f, 12))
-        if etype in _SCALARS:
-            f.seek(struct.calcsize(_SCALARS[etype]) * count, 1)
-        else:
-            for _ in range(count):
-                _skip_value(f, etype)
-    else:
-        raise GGUFMetaError(f"unknown GGUF value type {vtype}")
+def _skip_strings(buf: _Buffer, off: int, count: int) -> int:
+    """Skip `count` length-prefixed strings: the hot loop of a vocabulary."""
+    size = buf.size
+    data = buf.data
+    have = len(data)
+    u64 = _U64.unpack_from
+    for _ in range(count):
+        if off + 8 > have:
+            data = buf.ensure(off + 8)
+            have = len(data)
+        n = u64(data, off)[0]
+        off += 8 + n
+        if off > size:
+            raise GGUFMetaError(_CORRUPT_STRING)
+    return off
+
+
+def _skip_value(buf: _Buffer, off: int, vtype: int) -> int:
+    if vtype in _SIZES:
+        return off + _SIZES[vtype]
+    if vtype == _STRING:
+        return _skip_strings(buf, off, 1)
+    if vtype == _ARRAY:
+        (etype, count), off = _unpack(buf, _ARRAY_HEAD, off)
+        return _skip_array(buf, off, etype, count)
+    raise GGUFMetaError(f"unknown GGUF value type {vtype}")
+
+
+def _skip_array(buf: _Buffer, off: int, etype: int, count: int) -> int:
+    if etype in _SIZES:
+        return off + _SIZES[etype] * count
+    if etype == _STRING:
+        return _skip_strings(buf, off, count)
+    for _ in range(count):
+        off = _skip_value(buf, off, etype)
+    return off
 
 
 # Arrays up to this length are read (sliding-window patterns, per-layer values); longer ones
@@ -66,53 +122,70 @@ def _skip_value(f, vtype: int) -> None:
 _SMALL_ARRAY = 4096
 
 
-@lru_cache(maxsize=64)
-def _header_cached(path: str, mtime: float, size: int) -> tuple[dict[str, Any], tuple]:
+def _walk(buf: _Buffer, path: str) -> tuple[dict[str, Any], tuple]:
     out: dict[str, Any] = {}
     tensors = []
-    with open(path, "rb") as f:
-        if _read(f, 4) != b"GGUF":
-            raise GGUFMetaError(f"{path} is not a GGUF file")
-        (version,) = struct.unpack("<I", _read(f, 4))
-        if version < 2:
-            raise GGUFMetaError(f"{path}: GGUF version {version} is not supported")
-        _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
-        for _ in range(n_kv):
-            key = _string(f)
-            (vtype,) = struct.unpack("<I", _read(f, 4))
-            if vtype in _SCALARS:
-                out[key] = struct.unpack(_SCALARS[vtype], _read(f, struct.calcsize(_SCALARS[vtype])))[0]
-            elif vtype == _STRING:
-                out[key] = _string(f)
-            elif vtype == _ARRAY:
-                etype, count = struct.unpack("<IQ", _read(f, 12))
-                out[f"{key}.__len__"] = count
-                if etype in _SCALARS and count <= _SMALL_ARRAY:
-                    fmt = _SCALARS[etype]
-                    out[key] = list(struct.unpack("<" + fmt[1] * count, _read(f, struct.calcsize(fmt) * count)))
-                elif etype in _SCALARS:
-                    f.seek(struct.calcsize(_SCALARS[etype]) * count, 1)
-                else:
-                    for _ in range(count):
-                        _skip_value(f, etype)
+    if buf.size < 4:
+        raise GGUFMetaError(_CORRUPT_LENGTH)
+    if bytes(buf.ensure(4)[:4]) != b"GGUF":
+        raise GGUFMetaError(f"{path} is not a GGUF file")
+    (version,), off = _unpack(buf, _U32, 4)
+    if version < 2:
+        raise GGUFMetaError(f"{path}: GGUF version {version} is not supported")
+    (n_tensors, n_kv), off = _unpack(buf, _COUNTS, off)
+    for _ in range(n_kv):
+        key, off = _string(buf, off)
+        (vtype,), off = _unpack(buf, _U32, off)
+        if vtype in _SCALARS:
+            size = _SIZES[vtype]
+            data = buf.ensure(off + size)
+            out[key] = struct.unpack_from(_SCALARS[vtype], data, off)[0]
+            off += size
+        elif vtype == _STRING:
+            out[key], off = _string(buf, off)
+        elif vtype == _ARRAY:
+            (etype, count), off = _unpack(buf, _ARRAY_HEAD, off)
+            out[f"{key}.__len__"] = count
+            if etype in _SCALARS and count <= _SMALL_ARRAY:
+                fmt = _SCALARS[etype]
+                end = off + _SIZES[etype] * count
+                data = buf.ensure(end)
+                out[key] = list(struct.unpack_from("<" + fmt[1] * count, data, off))
+                off = end
             else:
-                raise GGUFMetaError(f"{path}: unknown GGUF value type {vtype} for {key}")
-        for _ in range(_n_tensors):
-            name = _string(f)
-            (n_dims,) = struct.unpack("<I", _read(f, 4))
-            dims = struct.unpack("<" + "Q" * n_dims, _read(f, 8 * n_dims))
-            ttype, _offset = struct.unpack("<IQ", _read(f, 12))
-            tensors.append((name, tuple(int(d) for d in dims), int(ttype)))
+                off = _skip_array(buf, off, etype, count)
+        else:
+            raise GGUFMetaError(f"{path}: unknown GGUF value type {vtype} for {key}")
+    for _ in range(n_tensors):
+        name, off = _string(buf, off)
+        (n_dims,), off = _unpack(buf, _U32, off)
+        end = off + 8 * n_dims
+        data = buf.ensure(end)
+        dims = struct.unpack_from("<" + "Q" * n_dims, data, off)
+        (ttype, _offset), off = _unpack(buf, _TENSOR_TAIL, end)
+        tensors.append((name, tuple(int(d) for d in dims), int(ttype)))
     return out, tuple(tensors)
+
+
+def read_header(path: str | Path) -> tuple[dict[str, Any], tuple]:
+    """One uncached read of the header (see `header`)."""
+    with open(path, "rb") as f:
+        return _walk(_Buffer(f, os.fstat(f.fileno()).st_size), str(path))
+
+
+@lru_cache(maxsize=64)
+def _header_cached(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], tuple]:
+    return read_header(path)
 
 
 def header(path: str | Path) -> tuple[dict[str, Any], tuple]:
     """(metadata, tensor table) without reading tensor data or decoding long arrays.
-    Metadata arrays longer than 4096 items appear only as `<key>.__len__`; the tensor table is
-    (name, dims in ggml order, ggml type id) per tensor."""
+    Metadata arrays longer than 4096 items appear only as `<key>.__len__` (arrays of strings or
+    nested arrays only that way, whatever their length); the tensor table is (name, dims in ggml
+    order, ggml type id) per tensor. Memoized in this process by (path, mtime, size)."""
     p = Path(path)
     st = p.stat()
-    meta, tensors = _header_cached(str(p), st.st_mtime, st.st_size)
+    meta, tensors = _header_cached(str(p), st.st_mtime_ns, st.st_size)
     return dict(meta), tensors
 
 
@@ -122,28 +195,9 @@ def scalars(path: str | Path) -> dict[str, Any]:
 
 
 def kv_arch(path: str | Path) -> dict[str, Any]:
-    """The fields the planner needs: architecture, context length, layers, heads, head dims."""
-    meta = scalars(path)
-    arch = meta.get("general.architecture")
-    if not arch:
-        raise GGUFMetaError(f"{path}: missing metadata key 'general.architecture'")
+    """The fields the planner needs: architecture, context length, layers, heads, head dims,
+    file type. Served from the cross-process facts cache (jbench.models.facts); raises
+    GGUFMetaError naming a missing key, OSError for a file that cannot be opened."""
+    from jbench.models.facts import model_facts
 
-    def need(key: str) -> Any:
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise GGUFMetaError(f"{path}: missing metadata key '{full}'")
-        return meta[full]
-
-    n_embd, n_head = need("embedding_length"), need("attention.head_count")
-    head_dim = meta.get(f"{arch}.attention.key_length", n_embd // n_head if n_head else None)
-    return {
-        "architecture": arch,
-        "context_length": need("context_length"),
-        "n_layer": need("block_count"),
-        "n_embd": n_embd,
-        "n_head": n_head,
-        "n_head_kv": meta.get(f"{arch}.attention.head_count_kv", n_head),
-        "head_dim": head_dim,
-        "head_dim_v": meta.get(f"{arch}.attention.value_length", head_dim),
-        "file_type": meta.get("general.file_type"),
-    }
+    return model_facts(path).kv_arch()

@@ -14,11 +14,11 @@ from jbench.analysis.roofline import (
     kv_bytes_at_depth,
     kv_bytes_per_token,
     matmul_params,
-    read_gguf_header,
     regime_label,
     weight_bytes_per_token,
 )
 from jbench.device.bandwidth import device_bandwidth
+from jbench.models.facts import read_gguf_header
 
 def trial_roofline(config: dict, decode_tps: Optional[float]) -> tuple[dict[str, float], dict[str, str]]:
     """roofline_* metrics and tags for a trial whose model file is readable on this machine."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 import re
 from functools import lru_cache
 from dataclasses import dataclass, field
@@ -168,33 +167,28 @@ def _excluded(config: dict, rules: list[dict]) -> Optional[str]:
     return None
 
 
-def _model_meta(path: str) -> Optional[dict]:
-    """Architecture facts and size of a model file on this machine (None when not here or unreadable)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return _model_meta_cached(path, st.st_mtime_ns, st.st_size)
-
-
-@lru_cache(maxsize=256)
-def _model_meta_cached(path: str, mtime_ns: int, size: int) -> Optional[dict]:
-    from jbench.models.gguf import GGUFMetaError, kv_arch
+def _model_facts(path: str):
+    """The model file's facts (jbench.models.facts, cached across processes), or None when the file is
+    not on this machine or not a readable GGUF file."""
+    from jbench.models.facts import model_facts
+    from jbench.models.gguf import GGUFMetaError
 
     try:
-        return {**kv_arch(path), "file_size": size}
+        return model_facts(path)
     except (GGUFMetaError, OSError):
         return None
 
 
-def _kv_bytes_per_token(meta: dict, type_k: str, type_v: str) -> Optional[float]:
-    from jbench.analysis.roofline import bytes_per_weight
+def _kv_bytes_per_token(facts, type_k: str, type_v: str) -> Optional[float]:
+    """KV-cache bytes per token of context, by the roofline's one formula; None when it cannot tell."""
+    from jbench.analysis.roofline import RooflineError, kv_bytes_per_token
+    from jbench.models.gguf import GGUFMetaError
 
     try:
-        k, v = bytes_per_weight(type_k.upper()), bytes_per_weight(type_v.upper())
-    except Exception:  # an unknown KV type is reported by the backend's own validation
+        arch, _ = facts.model_arch()
+        return kv_bytes_per_token(arch, type_k.upper(), type_v.upper())
+    except (RooflineError, GGUFMetaError, KeyError, ValueError):  # an unknown KV type: the backend says so
         return None
-    return meta["n_layer"] * meta["n_head_kv"] * (meta["head_dim"] * k + meta["head_dim_v"] * v)
 
 
 @lru_cache(maxsize=1)
@@ -216,12 +210,12 @@ def memory_check(config: dict, reserve_bytes: float) -> Optional[str]:
         path, _ = resolve_model_file(config["model"])
     except ModelError:
         return None
-    meta = _model_meta(path)
-    if meta is None:
+    facts = _model_facts(path)
+    if facts is None:
         return None
     backend = config["backend"]
     context = context_tokens(backend)
-    kv = _kv_bytes_per_token(meta, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
+    kv = _kv_bytes_per_token(facts, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
     if kv is None:
         return None
     profile = config.get("profile")
@@ -235,7 +229,7 @@ def memory_check(config: dict, reserve_bytes: float) -> Optional[str]:
         return None
     from jbench.analysis.roofline import memory_fit
 
-    fit = memory_fit(meta["file_size"], kv, context, ram, reserve_bytes)
+    fit = memory_fit(facts.size, kv, context, ram, reserve_bytes)
     if fit.fits:
         return None
     return (f"model + KV cache at context {context} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
@@ -368,10 +362,10 @@ def drop(cells: list[Cell], *, exclude: list[dict], drop_beyond_context: bool) -
                 from jbench.models.store import ModelError, resolve_model_file
 
                 try:
-                    meta = _model_meta(resolve_model_file(cell.config["model"])[0])
+                    facts = _model_facts(resolve_model_file(cell.config["model"])[0])
                 except ModelError:
-                    meta = None
-                limit = meta["context_length"] if meta else None
+                    facts = None
+                limit = facts.kv_arch().get("context_length") if facts else None
             need = context_tokens(cell.config["backend"])
             if limit is not None and need > limit:
                 reason = f"drop_beyond_context: {need} tokens > the model's context length {limit}"
