@@ -141,11 +141,14 @@ class Sweep:
     def _finished(uri: str, exp_name: str) -> dict[str, dict]:
         """FINISHED trials by identity: from the SQLite file directly when that answers exactly (no MLflow
         import: a sweep with nothing to do returns in about a second), else through MLflow."""
-        from jbench.tracking.reader import finished_trials
         from jbench.tracking.resume_index import finished_trials_sqlite
 
         fast = finished_trials_sqlite(uri, exp_name, key="identity")
-        return fast if fast is not None else finished_trials(uri, exp_name, key="identity")
+        if fast is not None:
+            return fast
+        from jbench.tracking.reader import finished_trials  # imports mlflow
+
+        return finished_trials(uri, exp_name, key="identity")
 
     def resume_key(self, trial: Trial) -> str:
         """The trial's identity (config, backend build, model file) and round: what resume matches on."""
