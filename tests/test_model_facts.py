@@ -150,6 +150,7 @@ def test_entry_of_another_path_is_not_used(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.e2e  # the bundled model from `jbench setup`
 def test_cached_facts_equal_a_fresh_read(bundled_model):
     for quant in ("Q4_K_M", "Q8_0"):
         path = bundled_model[quant]["path"]
