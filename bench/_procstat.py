@@ -26,6 +26,24 @@ ROOT = Path(__file__).resolve().parents[1]
 class Sample:
     wall_s: float
     cpu_s: float
+    cpu_pressure: Optional[float] = None  # /proc/pressure/cpu "some" avg10 (%) when the run started
+
+
+def cpu_pressure_avg10() -> Optional[float]:
+    """The share of the last 10 s in which some task waited for a CPU (%), None where unknown."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+        return float(dict(kv.split("=") for kv in some[1:])["avg10"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """SIGTERM (a killed benchmark) unwinds like an exception, so temporary directories are removed."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _children_cpu() -> float:
@@ -36,6 +54,7 @@ def _children_cpu() -> float:
 def run_once(argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[Path] = None,
              check: bool = True) -> Sample:
     """One fresh process; output discarded. Raises on a non-zero exit when check."""
+    pressure = cpu_pressure_avg10()
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.run(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -44,12 +63,12 @@ def run_once(argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[Path
     cpu = _children_cpu() - cpu0
     if check and proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return Sample(wall, cpu)
+    return Sample(wall, cpu, pressure)
 
 
 def run_many(commands: Sequence[Sequence[str]], env: Optional[dict] = None) -> Sample:
     """Commands back to back, as one sample (the bare llama-bench side of overhead.py)."""
-    total = Sample(0.0, 0.0)
+    total = Sample(0.0, 0.0, cpu_pressure_avg10())
     for argv in commands:
         s = run_once(argv, env=env)
         total.wall_s += s.wall_s
@@ -99,6 +118,16 @@ def describe(values: Sequence[float]) -> dict:
     return {"n": len(vals), "median": round(statistics.median(vals), 4), "min": round(vals[0], 4),
             "max": round(vals[-1], 4), "iqr": [round(q[0], 4), round(q[2], 4)], "mean": round(mean, 4),
             "ci95": [round(low, 4), round(high, 4)]}
+
+
+def raw(a: Sequence[Sample], b: Sequence[Sample], names: tuple[str, str]) -> list[dict]:
+    """Every pair as measured, with the CPU pressure when each side started (for reading noisy runs)."""
+    out = []
+    for x, y in zip(a, b):
+        out.append({f"{names[0]}_wall_s": round(x.wall_s, 4), f"{names[0]}_cpu_s": round(x.cpu_s, 4),
+                    f"{names[1]}_wall_s": round(y.wall_s, 4), f"{names[1]}_cpu_s": round(y.cpu_s, 4),
+                    "cpu_pressure_avg10_pct": [x.cpu_pressure, y.cpu_pressure]})
+    return out
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> dict:

@@ -27,7 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _procstat import alternate, describe, fmt, jbench_env, jbench_exe, load_average, machine, paired, run_once  # noqa: E402
+from _procstat import (  # noqa: E402
+    alternate, describe, exit_cleanly_on_sigterm, fmt, jbench_env, jbench_exe, load_average, machine, paired, raw,
+    run_once,
+)
 
 from jbench import paths  # noqa: E402
 
@@ -64,6 +67,7 @@ def phase(name: str, pairs: int, dry, helpc, before_dry=None) -> dict:
         "help_cpu_s": describe([s.cpu_s for s in sb]),
         "dry_over_help_wall": paired([s.wall_s for s in sa], [s.wall_s for s in sb])["ratio"],
         "load_average": {"start": load0, "end": load_average()},
+        "pairs": raw(sa, sb, ("dry_run", "help")),
     }
     print(f"{name}: dry run {fmt(out['dry_run_wall_s'])}\n"
           f"{' ' * len(name)}  --help  {fmt(out['help_wall_s'])}\n"
@@ -78,6 +82,7 @@ def main() -> None:
     ap.add_argument("--store", type=Path, help="a results dir holding mlflow.db: also time the dry run with history")
     ap.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results-dry-run.json")
     args = ap.parse_args()
+    exit_cleanly_on_sigterm()
 
     jb = jbench_exe()
     with tempfile.TemporaryDirectory(prefix="jbench-dry-") as t:

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _procstat import (  # noqa: E402
-    alternate, describe, fmt, jbench_env, jbench_exe, load_average, machine, paired, run_many, run_once,
+    alternate, describe, exit_cleanly_on_sigterm, fmt, jbench_env, jbench_exe, load_average, machine, paired, raw,
+    run_many, run_once,
 )
 
 
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="backend.threads (llama-bench -t); default: llama-bench's own")
     ap.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results-overhead.json")
     args = ap.parse_args()
+    exit_cleanly_on_sigterm()
     overrides = ["+experiment=quant_ladder", "sweep.rerun=true", f"backend.n_prompt={args.n_prompt}",
                  f"backend.n_gen={args.n_gen}", f"backend.repetitions={args.reps}"]
     if args.threads:
@@ -103,6 +105,7 @@ def main() -> None:
         "ratio_cpu": cpu["ratio"],
         "overhead_wall_s": wall["difference"],
         "overhead_cpu_s": cpu["difference"],
+        "pairs": raw(sj, sb, ("jbench", "bare")),
     }
     figures["targets"] = {"ratio_wall_at_most_1.05": figures["ratio_wall"]["median"] <= 1.05,
                           "ratio_cpu_at_most_1.05": figures["ratio_cpu"]["median"] <= 1.05}

@@ -26,7 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _procstat import alternate, describe, fmt, jbench_env, jbench_exe, load_average, machine, paired, run_once  # noqa: E402
+from _procstat import (  # noqa: E402
+    alternate, describe, exit_cleanly_on_sigterm, fmt, jbench_env, jbench_exe, load_average, machine, paired, raw,
+    run_once,
+)
 
 SWEEP = ["sweep", "+experiment=quant_ladder"]
 
@@ -69,6 +72,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile one re-run (cProfile)")
     ap.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results-resume.json")
     args = ap.parse_args()
+    exit_cleanly_on_sigterm()
 
     jb = jbench_exe()
     with tempfile.TemporaryDirectory(prefix="jbench-resume-") as t:
@@ -110,6 +114,7 @@ def main() -> None:
             "help_wall_s": describe([s.wall_s for s in sb]),
             "resume_over_help_wall": paired([s.wall_s for s in sa], [s.wall_s for s in sb])["ratio"],
             "load_average": {"start": load0, "end": load_average()},
+            "pairs": raw(sa, sb, ("resume", "help")),
         })
         print(f"re-run: {fmt(figures['resume_wall_s'])}\n        CPU {fmt(figures['resume_cpu_s'], unit='CPU-s')}\n"
               f"--help: {fmt(figures['help_wall_s'])}")
