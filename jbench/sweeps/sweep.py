@@ -282,7 +282,7 @@ class Sweep:
         )
         ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
         outcomes: list[TrialOutcome] = []
-        current: dict[str, Optional[TrialOutcome]] = {"trial": None}
+        running: Optional[TrialOutcome] = None  # the trial whose run is open (marked KILLED on Ctrl-C)
         recorder = _Recorder(tracker, exp_id, parent, common_tags)
         try:
             for trial in trials:
@@ -291,19 +291,18 @@ class Sweep:
                 if outcome is None:
                     runs = 2 if sweep.get("rerun_noisy") else 1
                     for attempt in range(runs):
-                        current["trial"] = outcome = TrialOutcome(trial, Status.RUNNING)
+                        running = outcome = TrialOutcome(trial, Status.RUNNING)
                         self._run_trial(trial, outcome, recorder)
                         if not (outcome.status == Status.FINISHED and outcome.noisy) or attempt == runs - 1:
                             break
                         log.info("trial %d is noisy (CV over sweep.max_cv): running it once more", trial.index)
                         outcomes.append(outcome)
-                    current["trial"] = None
+                    running = None
                     if outcome.category == Category.OUT_OF_MEMORY:
                         ooms.append((_oom_key(trial), trial.context_tokens, outcome.run_id or ""))
                 outcomes.append(outcome)
                 self.on_trial_end(outcome)
         except KeyboardInterrupt:
-            running = current["trial"]
             if running is not None and running.run_id:
                 tracker.log(running.run_id, tags={"jbench.status": "KILLED",
                                                   "jbench.failure_reason": "interrupted (Ctrl-C)"})
