@@ -81,8 +81,31 @@ def test_wrong_host_key_is_refused(orin_nano, agx_orin, tmp_path):
     # agx_orin's key recorded for orin_nano's address: a changed key must never be accepted.
     known = tmp_path / "known_hosts"
     known.write_text(agx_orin.host_key_line.replace(f"[{agx_orin.host}]:{agx_orin.port}", f"[{orin_nano.host}]:{orin_nano.port}") + "\n")
-    with pytest.raises(DeviceError):
+    with pytest.raises(HostKeyError) as err:
         connect(device_cfg(orin_nano, known_hosts=str(known), accept_new_host_key=True))
+    msg = str(err.value)
+    assert "CHANGED" in msg and agx_orin.host_key_fingerprint in msg and orin_nano.host_key_fingerprint in msg
+    assert f"ssh-keygen -R '[{orin_nano.host}]:{orin_nano.port}' -f {known}" in msg
+
+
+@pytest.mark.ssh
+def test_accepted_new_key_is_recorded_in_the_users_known_hosts_and_a_changed_key_refused(
+        orin_nano, agx_orin, tmp_path, monkeypatch):
+    # No known_hosts in the device entry: the user's ~/.ssh/known_hosts, as `ssh` uses it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = device_cfg(orin_nano, accept_new_host_key=True)
+    cfg["known_hosts"] = None
+    with connect(cfg) as conn:
+        assert conn.run(["true"]).ok
+    recorded = (tmp_path / ".ssh" / "known_hosts").read_text()
+    assert f"[{orin_nano.host}]:{orin_nano.port}" in recorded and orin_nano.host_key_line.split()[-1] in recorded
+    # The same address now answers with another key (agx_orin's): refused, even with accept_new_host_key.
+    impostor = device_cfg(agx_orin, accept_new_host_key=True)
+    impostor["known_hosts"] = None
+    (tmp_path / ".ssh" / "known_hosts").write_text(
+        recorded.replace(f"[{orin_nano.host}]:{orin_nano.port}", f"[{agx_orin.host}]:{agx_orin.port}"))
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        connect(impostor)
 
 
 def test_unreachable_host_fails_within_the_connect_timeout(tmp_path):

@@ -43,10 +43,15 @@ def key_fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+# Where OpenSSH keeps the user's host keys; an accepted new key is recorded there unless the device entry
+# names its own file (so a later changed key is refused, as `ssh` would).
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
 class _VerifyPolicy(paramiko.MissingHostKeyPolicy):
     """Unknown host key: refuse (default) or record it when the user opted in."""
 
-    def __init__(self, accept_new: bool, known_hosts: Optional[Path]):
+    def __init__(self, accept_new: bool, known_hosts: Path):
         self.accept_new = accept_new
         self.known_hosts = known_hosts
 
@@ -59,10 +64,9 @@ class _VerifyPolicy(paramiko.MissingHostKeyPolicy):
                 f"known_hosts (ssh-keyscan / ssh once) or opt in with device.accept_new_host_key=true"
             )
         client.get_host_keys().add(hostname, key.get_name(), key)
-        if self.known_hosts is not None:
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.known_hosts, "a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 def _known_host_name(host: str, port: int) -> str:
@@ -107,7 +111,8 @@ class SSHConnection(Connection):
                 client.load_host_keys(str(self.known_hosts))
         else:
             client.load_system_host_keys()
-        client.set_missing_host_key_policy(_VerifyPolicy(self.accept_new_host_key, self.known_hosts))
+        record_in = self.known_hosts or Path(os.path.expanduser(DEFAULT_KNOWN_HOSTS))
+        client.set_missing_host_key_policy(_VerifyPolicy(self.accept_new_host_key, record_in))
         sock = None
         if self.jump is not None:
             transport = self.jump.transport()
@@ -131,6 +136,16 @@ class SSHConnection(Connection):
         except HostKeyError:
             client.close()
             raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            name = _known_host_name(self.host, self.port)
+            where = self.known_hosts or Path(os.path.expanduser(DEFAULT_KNOWN_HOSTS))
+            raise HostKeyError(
+                f"device '{self.name}': the host key of {name} CHANGED: known_hosts has {exc.expected_key.get_name()} "
+                f"{key_fingerprint(exc.expected_key)}, the server offers {exc.key.get_name()} {key_fingerprint(exc.key)}. "
+                f"If the device was reinstalled, verify the new key on it, then remove the old entry with "
+                f"`ssh-keygen -R '{name}' -f {where}` and connect again; otherwise someone may be intercepting the "
+                f"connection") from None
         except paramiko.AuthenticationException as exc:
             client.close()
             raise DeviceError(f"device '{self.name}': SSH authentication to {where} failed ({exc}); check device.user and device.key or your ssh-agent") from None
