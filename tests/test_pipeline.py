@@ -16,7 +16,7 @@ from jbench.results import BackendResult, Category, Finding, PhaseResult, Result
 from jbench.sweeps import sweep as sweep_module
 from jbench.sweeps.analyses import Noise, PhaseSpeed, Roofline
 from jbench.sweeps.plan import plan
-from jbench.sweeps.stages import Measure, PowerState, Stage, ThermalGate, default_stages
+from jbench.sweeps.stages import DeviceState, Measure, PowerState, Stage, ThermalGate, default_stages
 from jbench.sweeps.sweep import Sweep
 
 
@@ -52,8 +52,8 @@ def plugin_package(tmp_path, monkeypatch):
 
 def test_default_stages_are_power_gate_measure_then_registered_analyses():
     kinds = [type(s) for s in default_stages()]
-    assert kinds[:3] == [PowerState, ThermalGate, Measure]
-    assert kinds[3:6] == [PhaseSpeed, Roofline, Noise]
+    assert kinds[:4] == [PowerState, DeviceState, ThermalGate, Measure]
+    assert kinds[4:7] == [PhaseSpeed, Roofline, Noise]
 
 
 def test_a_users_package_adds_an_analysis_and_a_telemetry_source(plugin_package):

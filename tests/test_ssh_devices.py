@@ -246,17 +246,22 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
     res = jbench_cli(["sweep", "--config-dir", str(conf), "+experiment=quant_ladder", "device=emu",
                       "model.quant=Q4_0,Q8_0", f"backend.binary_dir={llama_build['bin_dir']}",
                       "backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2",
-                      "power.mode=MAXN_SUPER", "power.jetson_clocks=true",
+                      "power.mode=MAXN_SUPER,25W", "power.jetson_clocks=true",
                       "telemetry.source=tegrastats", "telemetry.interval_ms=100", "telemetry.idle_s=1",
                       "telemetry.cooldown_s=0", "energy.min_window_s=1"],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
     assert res.returncode == 0, res.stdout + res.stderr
     client, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "quant_ladder")
-    assert [t.data.params["model.quant"] for t in trials] == ["Q4_0", "Q8_0"]
+    # Ordered by power state, then model: both quants in MAXN_SUPER, then both in 25W.
+    assert [(t.data.params["power.mode"], t.data.params["model.quant"]) for t in trials] == [
+        ("MAXN_SUPER", "Q4_0"), ("MAXN_SUPER", "Q8_0"), ("25W", "Q4_0"), ("25W", "Q8_0")]
     for t in trials:
         tags, m = t.data.tags, t.data.metrics
+        mode = t.data.params["power.mode"]
         assert tags["device.name"] == "emu" and tags["jetson.l4t"] == "36.4.4" and "Orin Nano" in tags["jetson.module"]
-        assert tags["power.mode_actual"] == "MAXN_SUPER" and tags["power.jetson_clocks_actual"] == "True"
+        assert tags["power.mode_actual"] == mode and tags["power.jetson_clocks_actual"] == "True"
+        # The fingerprint is the trial's own, not the sweep's start: the mode this trial ran in.
+        assert tags["jetson.power_mode"].startswith(mode + " ") and tags["jetson.boot_id"]
         assert m["decode_tps"] > 0 and tags["telemetry.source"] == "tegrastats"
         assert tags["energy.status"] == "ok", tags["energy.status"]
         assert m["decode_energy_j"] > 0 and m["decode_avg_power_w"] > 0 and m["idle_power_w"] > 0

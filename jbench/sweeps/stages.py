@@ -1,4 +1,4 @@
-"""The stages of one trial, in order: power state -> thermal gate -> measure -> analyses.
+"""The stages of one trial, in order: power state -> device state -> thermal gate -> measure -> analyses.
 
 Each stage is a small class with one `run(ctx)` over the shared TrialContext. A stage that cannot do
 its job raises (PowerStateError, BackendError, DeviceError, ConnectionLost); the sweep turns the
@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from jbench import registry
+from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
 from jbench.results import Result
 from jbench.sweeps.context import TrialContext
@@ -54,6 +55,24 @@ class PowerState(Stage):
                                 "power.changes": "; ".join(changes) or "none"})
 
 
+class DeviceState(Stage):
+    """The Jetson's facts as this trial starts (power mode, boot id, module, release): read per trial, since a
+    sweep's trials run in different modes and a reboot may happen between them."""
+
+    NAME = "device_state"
+
+    def applies(self, ctx: TrialContext) -> bool:
+        return ctx.cfg.device.profile is not None
+
+    def run(self, ctx: TrialContext) -> None:
+        paths = ctx.trial.config["device"]["paths"]
+        tags = jetson_fingerprint(ctx.conn, paths)
+        boot = ctx.conn.run(["cat", paths["boot_id"]], timeout=30)
+        if boot.ok and boot.stdout.strip():
+            tags["jetson.boot_id"] = boot.stdout.strip()
+        ctx.record.tags.update(tags)
+
+
 class ThermalGate(Stage):
     """Wait (bounded) until the device is cool enough to start."""
 
@@ -90,4 +109,4 @@ def default_stages() -> list[Stage]:
     analysis by ORDER."""
     analyses = [registry.load(registry.ANALYSES, name) for name in registry.targets(registry.ANALYSES)]
     analyses.sort(key=lambda cls: (cls.ORDER, cls.NAME))
-    return [PowerState(), ThermalGate(), Measure(), *(cls() for cls in analyses)]
+    return [PowerState(), DeviceState(), ThermalGate(), Measure(), *(cls() for cls in analyses)]
