@@ -161,6 +161,29 @@ def test_mode_switch_clock_lock_verify_and_restore(orin_nano_super):
 
 
 @pytest.mark.ssh
+def test_the_same_power_sequence_twice_in_a_row(orin_nano_super):
+    # jetson_clocks --store refuses an existing file (asks Y/N, exit 1 without an answer): the second sweep
+    # on a device must not meet the first one's store files, and none may be left behind.
+    emu = orin_nano_super
+    store_dir = Path(emu.home) / ".cache" / "jbench"
+    with connect(device_cfg(emu)) as conn:
+        probe = f"{emu.home}/x.store"
+        assert conn.run(["touch", probe]).ok
+        refused = conn.run(["jetson_clocks", "--store", probe], sudo=True)
+        assert refused.returncode == 1 and "already exists. Can I overwrite it? Y/N:" in refused.stdout
+        assert f"Error: file {probe} already exists!" in refused.stdout
+        for _ in range(2):
+            power = PowerStrategy(conn, device_cfg(emu))
+            power.save_original()
+            assert power.apply("MAXN_SUPER", True) == ["mode 25W -> MAXN_SUPER", "jetson_clocks off -> on"]
+            power.apply("MAXN_SUPER", False)
+            power.apply("15W", True)  # a second lock in the same sweep stores the unlocked clocks again
+            assert power.restore() is True
+            assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
+            assert not list(store_dir.glob("jetson_clocks-*")), list(store_dir.iterdir())
+
+
+@pytest.mark.ssh
 def test_reboot_mode_refused_without_opt_in_and_done_with_it(orin_nano_super):
     emu = orin_nano_super
     with connect(device_cfg(emu)) as conn:

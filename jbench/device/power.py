@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,9 +68,12 @@ class PowerStrategy:
         self.nvpmodel_conf = paths.get("nvpmodel_conf", "/etc/nvpmodel.conf")
         self.boot_id_path = paths.get("boot_id", "/proc/sys/kernel/random/boot_id")
         self.state_file = f"{state_dir}/power-state-{device['name']}.json"
-        self.clocks_file = f"{state_dir}/jetson_clocks-{device['name']}.store"
+        # jetson_clocks --store refuses to overwrite a file (it asks Y/N and exits 1 on no answer), so each
+        # controller run stores into files of its own, and restore() removes them.
+        token = uuid.uuid4().hex[:12]
+        self.clocks_file = f"{state_dir}/jetson_clocks-{device['name']}-{token}.store"
         # The unlocked clocks of the current mode, stored right before jbench locks them.
-        self.unlocked_file = f"{state_dir}/jetson_clocks-{device['name']}-unlocked.store"
+        self.unlocked_file = f"{state_dir}/jetson_clocks-{device['name']}-{token}-unlocked.store"
         self._modes: Optional[dict[str, int]] = None
         self.last: Optional[PowerSnapshot] = None  # the state verified by the last apply()
 
@@ -164,7 +168,8 @@ class PowerStrategy:
             raise PowerStateError(f"`jetson_clocks --store` failed on '{self.conn.name}': {res.stderr.strip()}")
         self._write_state_file({
             "mode": snap.mode, "mode_id": snap.mode_id, "clocks_locked": snap.clocks_locked,
-            "clocks_store": store, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "clocks_store": store, "unlocked_store": self.conn.expand_path(self.unlocked_file),
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "controller": socket.gethostname(), "pid": os.getpid(),
         })
         self.log.info("power: saved original state of %s: mode %s (%s), jetson_clocks %s",
@@ -184,6 +189,8 @@ class PowerStrategy:
         if jetson_clocks is not None and jetson_clocks != snap.clocks_locked:
             unlocked = self.conn.expand_path(self.unlocked_file)
             if jetson_clocks:
+                # Our own file from an earlier lock in this sweep: replaced, never answered Y to a prompt.
+                self.conn.run(["rm", "-f", unlocked], timeout=30)
                 self._sudo(["jetson_clocks", "--store", unlocked], timeout=60)
                 res = self._sudo(["jetson_clocks"], timeout=120)
             elif self.conn.exists(unlocked):
@@ -303,7 +310,11 @@ class PowerStrategy:
         if state.get("clocks_locked"):
             self._sudo(["jetson_clocks"], timeout=120)
         final = self.current()
-        self.conn.run(["rm", "-f", self.conn.expand_path(self.state_file)], timeout=30)
+        # The store files go with the state file: the next sweep stores afresh.
+        stores = [state["clocks_store"], self.conn.expand_path(self.unlocked_file)]
+        if state.get("unlocked_store"):
+            stores.append(state["unlocked_store"])
+        self.conn.run(["rm", "-f", *dict.fromkeys(stores), self.conn.expand_path(self.state_file)], timeout=30)
         self.log.info("power: restored %s to mode %s, jetson_clocks %s", self.conn.name, final.mode,
                       "on" if final.clocks_locked else "off")
         return True

@@ -454,6 +454,20 @@ def jetson_clocks(args: List[str], state_dir: str) -> int:
         return 0
     if action == "--store":
         path = args[1] if len(args) > 1 else default_conf
+        if os.path.exists(path):
+            # source: NVIDIA's jetson_clocks script (Copyright 2015-2020, public copy in
+            # VictorySpecificationII/jetson_prometheus_exporter-docker, file `jetson_clocks`, function main; the
+            # same code in the 2015-2023 tegra234 version): it never overwrites a store file unasked --
+            #     echo "File $CONF_FILE already exists. Can I overwrite it? Y/N:"
+            #     read answer
+            #     case $answer in y | Y) rm -f $CONF_FILE ;; *) echo "Error: file $CONF_FILE already exists!"; exit 1 ;;
+            # Both lines go to stdout; EOF (no answer) or anything but a single y/Y refuses with exit 1.
+            _out(f"File {path} already exists. Can I overwrite it? Y/N:")
+            answer = sys.stdin.readline().strip()
+            if answer not in ("y", "Y"):
+                _out(f"Error: file {path} already exists!")
+                return 1
+            os.remove(path)
         S.write_text_atomic(path, _store_text(prof, state))
         return 0
     if action == "--restore":
