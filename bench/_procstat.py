@@ -159,7 +159,15 @@ def machine() -> dict:
     except OSError:
         pass
     return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "jbench_src": str(jbench_src()), "load_average_at_start": load_average()}
+            "jbench_src": _source_commit(jbench_src()), "load_average_at_start": load_average()}
+
+
+def _source_commit(src: Path) -> str:
+    """Which jbench was measured: the source tree's git commit (a path would name one machine's layout)."""
+    import subprocess
+
+    res = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"commit {res.stdout.strip()}" if res.returncode == 0 and res.stdout.strip() else src.name
 
 
 def jbench_exe() -> list[str]:
