@@ -748,6 +748,7 @@ __all__ = [
     "NEAR_ROOFLINE_FRACTION",
     "RooflineError",
     "RooflineResult",
+    "SWA_DEFAULT_WINDOW",
     "SWA_PATTERNS",
     "TensorInfo",
     "WeightBytes",
