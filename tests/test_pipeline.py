@@ -135,7 +135,7 @@ def _sweep(stages, monkeypatch, **sweep_overrides):
     s.connections["local"], s.fingerprints["local"] = LocalConnection(), {}
 
     def preflight(trials):
-        s.identities.update({t.index: t.config_hash for t in trials})
+        s.identities.update({t.index: sweep_module.TrialIdentity(t.config_hash, None, None) for t in trials})
         return trials
 
     monkeypatch.setattr(s, "preflight", preflight)

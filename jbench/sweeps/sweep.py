@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import yaml
 
@@ -34,6 +34,14 @@ from jbench.identity import HASH_VERSION, model_digest, trial_identity
 from jbench.trial import Trial, flatten, resume_key
 
 log = logging.getLogger("jbench")
+
+
+class TrialIdentity(NamedTuple):
+    """What resume matches a trial on: the identity hash and the two values beside the config in it."""
+
+    hash: str
+    build: Optional[str]
+    model_digest: Optional[str]
 
 
 class PreflightError(Exception):
@@ -109,8 +117,7 @@ class Sweep:
         self._saved: list[PowerStrategy] = []
         self._builds: dict[tuple, Optional[str]] = {}  # (device, backend config) -> build id
         self._digests: dict[tuple, Optional[str]] = {}  # (device, model section) -> model file SHA-256
-        self.identities: dict[int, str] = {}  # trial index -> trial identity
-        self.builds: dict[int, tuple[Optional[str], Optional[str]]] = {}  # trial index -> (build, model digest)
+        self.identities: dict[int, TrialIdentity] = {}  # trial index -> its identity, from preflight
 
     # -- the whole sweep -------------------------------------------------------------------------
 
@@ -152,7 +159,7 @@ class Sweep:
 
     def resume_key(self, trial: Trial) -> str:
         """The trial's identity (config, backend build, model file) and round: what resume matches on."""
-        return resume_key(self.identities[trial.index], trial.round)
+        return resume_key(self.identities[trial.index].hash, trial.round)
 
     def backend(self, trial: Trial) -> Backend:
         """One backend instance per distinct backend config within the sweep."""
@@ -217,7 +224,7 @@ class Sweep:
             raise PreflightError("\n".join(problems))
         return keep
 
-    def _identity(self, trial: Trial, backend_key: tuple) -> str:
+    def _identity(self, trial: Trial, backend_key: tuple) -> "TrialIdentity":
         """trial_identity with the backend build and the model file's digest, each read once per device."""
         conn = self.connections[trial.config["device"]["name"]]
         if backend_key not in self._builds:
@@ -226,8 +233,8 @@ class Sweep:
         model_key = (conn.name, repr(sorted((k, repr(v)) for k, v in model.items())))
         if model_key not in self._digests:
             self._digests[model_key] = model_digest(model, conn)
-        self.builds[trial.index] = (self._builds[backend_key], self._digests[model_key])
-        return trial_identity(trial.config, build=self._builds[backend_key], model_digest=self._digests[model_key])
+        build, digest = self._builds[backend_key], self._digests[model_key]
+        return TrialIdentity(trial_identity(trial.config, build=build, model_digest=digest), build, digest)
 
     def _open_device(self, device: dict, problem: Callable[[str], None]) -> bool:
         name = device["name"]
@@ -327,9 +334,7 @@ class Sweep:
         (1, 2, 4 ... s) before the trial counts as failed."""
         dev_name = trial.config["device"]["name"]
         conn = self.connections[dev_name]
-        build, digest = self.builds.get(trial.index, (None, None))
-        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name], identity=self.identities.get(trial.index),
-                                        build=build, model_digest=digest)
+        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name], self.identities.get(trial.index))
         tlog = TrialLog(trial)
         started = time.monotonic()
         tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
@@ -385,8 +390,7 @@ class _Recorder:
     def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str]):
         self.tracker, self.exp_id, self.parent, self.common_tags = tracker, exp_id, parent, common_tags
 
-    def start(self, trial: Trial, fingerprint: dict[str, str], *, identity: Optional[str], build: Optional[str],
-              model_digest: Optional[str]) -> str:
+    def start(self, trial: Trial, fingerprint: dict[str, str], identity: Optional["TrialIdentity"]) -> str:
         cfg = trial.config
         params = flatten(cfg)
         params.update({f"choice.{k}": v for k, v in trial.choices.items()})
@@ -404,8 +408,9 @@ class _Recorder:
         }
         if trial.rounds > 1:
             tags["jbench.round"] = trial.round
-        tags.update({k: v for k, v in (("jbench.identity", identity), ("jbench.build", build),
-                                       ("jbench.model_digest", model_digest)) if v})
+        if identity is not None:
+            tags.update({k: v for k, v in (("jbench.identity", identity.hash), ("jbench.build", identity.build),
+                                           ("jbench.model_digest", identity.model_digest)) if v})
         try:
             _, model_facts = resolve_model_file(cfg["model"])
             tags.update(model_facts)
