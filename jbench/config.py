@@ -32,6 +32,10 @@ class DevicePaths:
     tegra_release: str = nonident("/etc/nv_tegra_release")
     # Changes at every boot: how jbench knows a reboot really happened.
     boot_id: str = nonident("/proc/sys/kernel/random/boot_id")
+    # nvpmodel's record of the mode its boot service applies at the next boot ("pmode:0002").
+    nvpmodel_status: str = nonident("/var/lib/nvpmodel/status")
+    # GPU railgating switch (jetson_clocks writes 0); None: L4T's usual places are tried.
+    gpu_railgate: Optional[str] = nonident(None)
     # Root of sysfs for the INA3221 reader (telemetry.source=sysfs).
     sysfs_root: str = nonident("/sys")
     # jbench's own files on the device (power state file, jetson_clocks store); "~" = the login user's home.
@@ -67,6 +71,13 @@ class DeviceConfig:
     sudo_password_env: Optional[str] = nonident(None)
     paths: DevicePaths = nonident(default_factory=DevicePaths)
     tags: Dict[str, str] = nonident(default_factory=dict)
+    # One controller per device: how long a sweep waits for another controller's lease (0: refuse at once),
+    # and after how many seconds without a heartbeat a lease counts as left by a dead controller.
+    lease_wait_s: float = nonident(0.0)
+    lease_stale_s: float = nonident(120.0)
+    # A device whose device-tree model does not match its profile's model_match is refused at preflight;
+    # true runs it anyway (the mismatch is still recorded).
+    allow_profile_mismatch: bool = nonident(False)
 
 
 @dataclass

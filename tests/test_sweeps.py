@@ -45,34 +45,43 @@ def _devices_dir(tmp_path: Path, ram_gb: float | None = None) -> Path:
 @pytest.mark.e2e
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_plans_for_every_profile(experiment, tmp_path, bundled_model):
+    if experiment == "power_modes":
+        pytest.skip("power_modes reads its modes from the device itself: tested on emulated Jetsons below")
     conf = _devices_dir(tmp_path)
     for profile in PROFILES:
         p = plan([f"+experiment={experiment}", f"device=dev_{profile}"], [conf])
         assert p.trials, (experiment, profile)
         assert p.problems == [], (experiment, profile, p.problems)
         assert all(t.config["profile"]["name"] == profile for t in p.trials)
-        if experiment == "power_modes":
-            modes = {t.config["power"]["mode"] for t in p.trials}
-            assert modes == set(p.trials[0].config["profile"]["power_modes"])
-            assert len(p.trials) == 2 * len(modes)
 
 
 def test_power_modes_needs_a_jetson():
     from jbench.config import ConfigError
 
-    with pytest.raises(ConfigError, match="needs a Jetson device with a profile"):
+    with pytest.raises(ConfigError, match="@device.power_modes needs a Jetson device"):
         plan(["+experiment=power_modes"])
 
 
+@pytest.mark.ssh
 @pytest.mark.e2e
-def test_power_modes_grid_and_ordering_by_power_state(tmp_path, bundled_model):
-    conf = _devices_dir(tmp_path)
-    p = plan(["+experiment=power_modes", "device=dev_agx_orin_64gb", "model.quant=Q4_0,Q8_0"], [conf])
-    # 4 modes x clocks off/on x 2 quants, grouped so each power state is applied once, then by model.
-    assert len(p.trials) == 16
+@pytest.mark.parametrize("module, modes", [
+    ("agx_orin", ["MAXN", "MODE_15W", "MODE_30W", "MODE_50W"]),  # JetPack 5 names, from its own nvpmodel.conf
+    ("orin_nano_super", ["15W", "25W", "MAXN_SUPER", "7W"]),
+])
+def test_power_modes_grid_comes_from_the_devices_own_modes(emulated_jetson_factory, module, modes, tmp_path,
+                                                           bundled_model):
+    from .test_ssh_devices import write_conf
+
+    emu = emulated_jetson_factory(module)
+    conf = write_conf(tmp_path, emu, profile="agx_orin_64gb" if module == "agx_orin" else "orin_nano_super")
+    p = plan(["+experiment=power_modes", "device=emu", "model.quant=Q4_0,Q8_0"], [conf])
+    assert p.problems == []
+    assert list(dict.fromkeys(t.config["power"]["mode"] for t in p.trials)) == modes
+    # modes x clocks off/on x 2 quants, grouped so each power state is applied once, then by model.
+    assert len(p.trials) == len(modes) * 4
     states = [(t.config["power"]["mode"], t.config["power"]["jetson_clocks"]) for t in p.trials]
     switches = sum(1 for a, b in zip(states, states[1:]) if a != b)
-    assert switches == 7
+    assert switches == 2 * len(modes) - 1
     assert [t.config["model"]["quant"] for t in p.trials[:2]] == ["Q4_0", "Q8_0"]
 
 

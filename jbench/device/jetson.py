@@ -67,16 +67,46 @@ class ClockRange:
 class ClocksShow:
     gpu: Optional[ClockRange] = None
     emc: Optional[ClockRange] = None
-    cpus: dict[str, ClockRange] = field(default_factory=dict)
+    cpus: dict[str, ClockRange] = field(default_factory=dict)  # online CPUs only
+    # Per online CPU, the IdleStates flags as printed: 1 = state enabled, 0 = disabled by jetson_clocks.
+    idle_states: dict[str, dict[str, int]] = field(default_factory=dict)
+    fan_pwm: Optional[int] = None
     power_mode: Optional[str] = None
 
     @property
+    def gpu_locked(self) -> bool:
+        return bool(self.gpu and self.gpu.pinned)
+
+    @property
+    def emc_locked(self) -> Optional[bool]:
+        """FreqOverride=1 while jetson_clocks holds the EMC rate (Thor keeps min < max then); releases that
+        print no FreqOverride (R39) show the lock as min == max."""
+        if self.emc is None:
+            return None
+        if self.emc.freq_override is not None:
+            return self.emc.freq_override == 1
+        return self.emc.pinned
+
+    @property
+    def cpu_locked(self) -> Optional[bool]:
+        if not self.cpus:
+            return None
+        return all(r.pinned for r in self.cpus.values())
+
+    @property
+    def cpuidle_disabled(self) -> Optional[bool]:
+        """True when jetson_clocks disabled every idle state (all flags 0); None when not printed."""
+        flags = [v for states in self.idle_states.values() for v in states.values()]
+        if not flags:
+            return None
+        return not any(flags)
+
+    @property
     def locked(self) -> bool:
-        """jetson_clocks pins the GPU at its maximum (min == max) and holds the EMC clock: min == max,
-        or FreqOverride=1 (Thor keeps EMC min < max while locked)."""
-        if not (self.gpu and self.gpu.pinned):
+        """The whole jetson_clocks lock as --show can tell it: GPU and EMC held (CPU too where printed)."""
+        if not self.gpu_locked:
             return False
-        return self.emc is None or self.emc.pinned or self.emc.freq_override == 1
+        return self.emc_locked is not False and self.cpu_locked is not False
 
 
 def _range(line: str) -> Optional[ClockRange]:
@@ -100,8 +130,17 @@ def parse_clocks_show(text: str) -> ClocksShow:
             show.emc = _range(line)
         elif re.match(r"cpu\d+:", line):
             r = _range(line)
-            if r:
-                show.cpus[line.split(":")[0]] = r
+            if r and "Online=0" not in line:  # R35/R36 keep a line for an offline core
+                cpu = line.split(":")[0]
+                show.cpus[cpu] = r
+                idle = line.partition("IdleStates:")[2]
+                flags = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", idle)}
+                if flags:
+                    show.idle_states[cpu] = flags
+        elif line.startswith("FAN") and show.fan_pwm is None:
+            m = re.search(r"pwm\d+=(\d+)", line)
+            if m:
+                show.fan_pwm = int(m.group(1))
         elif line.startswith("NV Power Mode:"):
             show.power_mode = line.split(":", 1)[1].strip()
     if show.gpu is None and show.emc is None:

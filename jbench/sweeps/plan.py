@@ -110,8 +110,35 @@ def _check_value(cfg, key: str, value: Any) -> tuple[Any, Optional[str]]:
         return None, explain_compose_error(exc, [])
 
 
-def _resolve_special(values: Any, key: str, profile: Optional[dict]) -> list:
-    """A grid value "@profile.<field>" takes its list from the device's module profile."""
+_DEVICE_MODES_CACHE: dict[str, list[str]] = {}  # per device entry, for the group loop of one plan
+
+
+def device_power_modes(device: dict) -> list[str]:
+    """The mode names of the device's own /etc/nvpmodel.conf, by id (one read-only command on the device)."""
+    from jbench.device.connect import connect
+    from jbench.device.connection import DeviceError
+    from jbench.device.power import read_power_modes
+
+    name = device.get("name", "?")
+    key = repr((name, device.get("kind"), device.get("host"), device.get("port"), device.get("paths")))
+    if key not in _DEVICE_MODES_CACHE:
+        try:
+            with connect(device) as conn:
+                modes = read_power_modes(conn, (device.get("paths") or {}).get("nvpmodel_conf", "/etc/nvpmodel.conf"))
+        except DeviceError as exc:
+            raise ConfigError(f"@device.power_modes reads the power modes from device '{name}': {exc}") from None
+        _DEVICE_MODES_CACHE[key] = [n for n, _ in sorted(modes.items(), key=lambda kv: kv[1])]
+    return list(_DEVICE_MODES_CACHE[key])
+
+
+def _resolve_special(values: Any, key: str, profile: Optional[dict], device: Optional[dict] = None) -> list:
+    """A grid value "@device.power_modes" takes the device's own mode names (its nvpmodel.conf); "@profile.<field>"
+    takes a list from the device's module profile."""
+    if values == "@device.power_modes":
+        if not (device and device.get("profile")):
+            raise ConfigError(f"sweep.grid.{key}: @device.power_modes needs a Jetson device (device=NAME with "
+                              "device.profile set); this device has none")
+        return device_power_modes(device)
     if isinstance(values, str) and values.startswith("@profile."):
         field_name = values[len("@profile."):]
         if not profile:
@@ -293,7 +320,7 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
     for key, values in grid.items():
         if key in pinned:
             continue  # `model.quant=Q8_0` on the command line pins the grid's model.quant dimension
-        if not (isinstance(values, list) and values) and not (isinstance(values, str) and values.startswith("@profile.")):
+        if not (isinstance(values, list) and values) and not (isinstance(values, str) and values.startswith(("@profile.", "@device."))):
             raise ConfigError(f"sweep.grid.{key} must be a non-empty list of values")
         dims[key] = values
     dims.update(cli_dims)
@@ -312,7 +339,8 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
             cfg, choices = first_cfg, first_choices
         profile_name = OmegaConf.select(cfg, "device.profile")
         profile = load_profile(profile_name, config_dirs) if profile_name else None
-        value_dims = {k: _resolve_special(vs, k, profile) for k, vs in dims.items() if k not in GROUP_DIMS}
+        device_cfg = OmegaConf.to_container(cfg.device, resolve=True) if OmegaConf.select(cfg, "device") else None
+        value_dims = {k: _resolve_special(vs, k, profile, device_cfg) for k, vs in dims.items() if k not in GROUP_DIMS}
         # Validate each distinct swept value once against the typed schema.
         scratch = copy.deepcopy(cfg)
         converted: dict[str, list] = {}

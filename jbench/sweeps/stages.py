@@ -53,6 +53,12 @@ class PowerState(Stage):
         ctx.record.tags.update({"power.mode_actual": snap.mode, "power.mode_id": str(snap.mode_id),
                                 "power.jetson_clocks_actual": str(snap.clocks_locked),
                                 "power.changes": "; ".join(changes) or "none"})
+        # Every part of the lock as verified on the device (a half-locked device is visible, not hidden).
+        ctx.record.tags.update({f"power.lock.{k}": str(v) for k, v in snap.locks.parts().items() if v is not None})
+        if snap.fan_pwm is not None:
+            ctx.record.tags["power.fan_pwm"] = str(snap.fan_pwm)
+        if strategy.rebooted:
+            ctx.record.tags["jetson.rebooted"] = "power mode change"
 
 
 class DeviceState(Stage):
@@ -60,6 +66,9 @@ class DeviceState(Stage):
     sweep's trials run in different modes and a reboot may happen between them."""
 
     NAME = "device_state"
+
+    def __init__(self) -> None:
+        self._boot_ids: dict[str, str] = {}  # device -> boot id seen at its previous trial in this sweep
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.cfg.device.profile is not None
@@ -69,7 +78,13 @@ class DeviceState(Stage):
         tags = jetson_fingerprint(ctx.conn, paths)
         boot = ctx.conn.run(["cat", paths["boot_id"]], timeout=30)
         if boot.ok and boot.stdout.strip():
-            tags["jetson.boot_id"] = boot.stdout.strip()
+            boot_id = boot.stdout.strip()
+            tags["jetson.boot_id"] = boot_id
+            previous = self._boot_ids.get(ctx.cfg.device.name)
+            if previous and previous != boot_id and "jetson.rebooted" not in ctx.record.tags:
+                # Not by jbench's power stage: the device went down between trials (crash, power loss, a person).
+                tags["jetson.rebooted"] = "since the previous trial (not by jbench)"
+            self._boot_ids[ctx.cfg.device.name] = boot_id
         ctx.record.tags.update(tags)
 
 

@@ -11,6 +11,8 @@ state of every device is restored whatever happens.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from jbench.device.connect import connect
 from jbench.device.connection import Connection, ConnectionLost, DeviceError
 from jbench.device.fingerprint import host_fingerprint
 from jbench.device.jetson import jetson_fingerprint
+from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.models.store import resolve_model_file
 from jbench.results import Category, Finding, Result, Status
@@ -34,6 +37,45 @@ from jbench.identity import HASH_VERSION, model_digest, trial_identity
 from jbench.trial import Trial, flatten, resume_key
 
 log = logging.getLogger("jbench")
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def controller_id() -> str:
+    """This controller as host:pid:start, recorded on every run so a later start can tell it died."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_proc_start(pid)}"
+
+
+def controller_gone(owner: str) -> Optional[str]:
+    """Why the controller named host:pid:start is gone, or None when it may be alive (or runs elsewhere)."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return None
+    pid = int(pid_text)
+    if not os.path.exists(f"/proc/{pid}"):
+        return f"process {pid} on {host} no longer exists"
+    if start and _proc_start(pid) != start:
+        return f"process {pid} on {host} is another program now"
+    return None
+
+
+def profile_mismatch(profile: Optional[dict], module: Optional[str]) -> Optional[str]:
+    """Why the device's device-tree model does not fit its profile, or None (no model or no rule: no verdict)."""
+    if not profile or not module or not profile.get("model_match"):
+        return None
+    if any(m.lower() in module.lower() for m in profile["model_match"]):
+        return None
+    return (f"its device-tree model is '{module}', but its profile '{profile.get('name')}' is for "
+            f"{profile.get('module')} (model_match {list(profile['model_match'])})")
 
 
 class TrialIdentity(NamedTuple):
@@ -115,6 +157,8 @@ class Sweep:
         self.strategies: dict[str, PowerStrategy] = {}
         self._backends: dict[str, Backend] = {}
         self._saved: list[PowerStrategy] = []
+        self.leases: dict[str, DeviceLease] = {}
+        self._profiles: dict[str, Optional[dict]] = {}
         self._builds: dict[tuple, Optional[str]] = {}  # (device, backend config) -> build id
         self._digests: dict[tuple, Optional[str]] = {}  # (device, model section) -> model file SHA-256
         self.identities: dict[int, TrialIdentity] = {}  # trial index -> its identity, from preflight
@@ -136,11 +180,17 @@ class Sweep:
                 for outcome in outcomes:
                     self.on_trial_end(outcome)
                 return SweepOutcome(self.sweep_id, exp_name, None, uri, outcomes, self.notes)
+            self._lease_devices(todo)  # before anything on a device changes: one controller per device
             tracker = self.tracker_factory()  # the store is created only once the devices are ready
             self._save_power_states(todo)
             return self._run_trials(runnable, tracker, exp_name, done)
         finally:
             self._restore_power_states()
+            for lease in self.leases.values():
+                try:
+                    lease.release()
+                except Exception as exc:  # a dead link: the lease goes stale and is taken over later
+                    log.warning("releasing the lease of %s failed: %s", lease.device["name"], exc)
             for conn in self.connections.values():
                 conn.close()
 
@@ -184,6 +234,7 @@ class Sweep:
         skip_unavailable = bool(self.plan.sweep.get("skip_unavailable_backends"))
         for trial in trials:
             name = trial.config["device"]["name"]
+            self._profiles.setdefault(name, trial.config.get("profile"))
             if not self._open_device(trial.config["device"], problem):
                 continue
             key = (name, repr(sorted(trial.config["backend"].items())))
@@ -250,7 +301,14 @@ class Sweep:
             self.fingerprints[name] = host_fingerprint(conn)
             if device.get("profile"):
                 self.fingerprints[name].update(jetson_fingerprint(conn, device["paths"]))
-                self.strategies[name] = PowerStrategy(conn, device, log)
+                self.strategies[name] = PowerStrategy(conn, device, log, sweep_id=self.sweep_id,
+                                                      profile=self._profiles.get(name))
+                mismatch = profile_mismatch(self._profiles.get(name), self.fingerprints[name].get("jetson.module"))
+                if mismatch and not device.get("allow_profile_mismatch"):
+                    problem(f"device '{name}': {mismatch}. Fix device.profile, or set "
+                            f"device.allow_profile_mismatch=true to run it anyway")
+                elif mismatch:
+                    self.fingerprints[name]["jetson.profile_mismatch"] = mismatch
         except DeviceError as exc:
             problem(str(exc))
             conn.close()
@@ -258,10 +316,52 @@ class Sweep:
             return False
         return True
 
+    def _lease_devices(self, trials: list[Trial]) -> None:
+        """Hold every device of the sweep (an on-device lease with a heartbeat) or stop before touching any."""
+        for name in dict.fromkeys(t.config["device"]["name"] for t in trials):
+            device = next(t.config["device"] for t in trials if t.config["device"]["name"] == name)
+            lease = DeviceLease(self.connections[name], device, self.sweep_id,
+                                stale_s=float(device.get("lease_stale_s") or 120.0), log=log)
+            try:
+                lease.acquire(float(device.get("lease_wait_s") or 0.0))
+            except DeviceError as exc:
+                raise PreflightError(str(exc)) from None
+            self.leases[name] = lease
+
+    def _reap_dead_runs(self, tracker: Any, exp_id: str) -> None:
+        """Runs a dead controller left RUNNING become KILLED with the reason, never stay RUNNING: its controller
+        ran on this host and is gone, or the run's device is now leased by us (so its controller lost it)."""
+        me = controller_id()
+        dead_sweeps: set[str] = set()
+        running = tracker.running_runs(exp_id)
+        for run_id, tags, params in running:
+            owner = tags.get("jbench.controller", "")
+            reason = controller_gone(owner) if owner and owner != me else None
+            if reason is None and tags.get("jbench.kind") == "trial" and tags.get("jbench.sweep_id") != self.sweep_id \
+                    and params.get("device.name") in self.leases:
+                reason = f"device '{params['device.name']}' was leased by sweep {self.sweep_id}: its controller was gone"
+            if reason:
+                dead_sweeps.add(tags.get("jbench.sweep_id", ""))
+                tracker.log(run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": f"controller died: {reason}"})
+                tracker.end_run(run_id, "KILLED")
+                log.warning("marked run %s of a dead controller KILLED (%s)", run_id, reason)
+        for run_id, tags, _ in running:
+            if tags.get("jbench.kind") == "sweep" and tags.get("jbench.sweep_id") in dead_sweeps - {""} \
+                    and tags.get("jbench.controller") != me:
+                tracker.log(run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": "controller died"})
+                tracker.end_run(run_id, "KILLED")
+
+    def _reboot_consent(self, name: str) -> bool:
+        """Reboots of a device only with consent: some trial of this sweep on it set power.allow_reboot=true."""
+        return any(bool(t.config["power"].get("allow_reboot")) for t in self.plan.trials
+                   if t.config["device"]["name"] == name and t.config.get("power"))
+
     def _save_power_states(self, trials: list[Trial]) -> None:
-        # A controller that died earlier may have left a device in a changed state: put it back first.
-        for strategy in self.strategies.values():
-            strategy.recover_leftover()
+        # A controller that died earlier may have left a device in a changed state: put it back first
+        # (we hold the device's lease, so its owner is gone). What cannot be restored stays the original.
+        for name, strategy in self.strategies.items():
+            if name in self.leases:
+                strategy.recover_leftover(allow_reboot=self._reboot_consent(name))
         for name in dict.fromkeys(t.config["device"]["name"] for t in trials if t.wants_power_control):
             self.strategies[name].save_original()
             self._saved.append(self.strategies[name])
@@ -270,9 +370,9 @@ class Sweep:
         for strategy in self._saved:
             try:
                 strategy.log = log
-                if not strategy.restore(allow_reboot=True):
-                    log.error("the power state of %s was not fully restored; jbench will retry at its next start",
-                              strategy.conn.name)
+                if not strategy.restore(allow_reboot=self._reboot_consent(strategy.device["name"])):
+                    log.error("the power state of %s was not fully restored (see above); the state file stays on "
+                              "the device and jbench finishes the job at its next start there", strategy.conn.name)
             except Exception as exc:  # keep restoring the other devices
                 log.error("restoring the power state of %s failed: %s", strategy.conn.name, exc)
         self._saved.clear()
@@ -280,7 +380,9 @@ class Sweep:
     def _run_trials(self, trials: list[Trial], tracker: Any, exp_name: str, done: dict[str, dict]) -> SweepOutcome:
         plan, sweep = self.plan, self.plan.sweep
         exp_id = tracker.experiment_id(exp_name)
-        common_tags = {"jbench.sweep_id": self.sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha()}
+        common_tags = {"jbench.sweep_id": self.sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha(),
+                       "jbench.controller": controller_id()}
+        self._reap_dead_runs(tracker, exp_id)
         parent = tracker.start_run(
             exp_id, f"sweep {self.sweep_id}",
             params={"sweep.overrides": " ".join(plan.overrides), "sweep.n_trials": len(trials),

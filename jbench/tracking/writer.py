@@ -104,6 +104,12 @@ class Tracker:
                 path.write_text(text)
             self.client.log_artifacts(run_id, tmp)
 
+    def running_runs(self, experiment_id: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+        """(run id, tags, params) of the experiment's runs still marked RUNNING."""
+        runs = self.client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                       max_results=10000)
+        return [(r.info.run_id, dict(r.data.tags), dict(r.data.params)) for r in runs]
+
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
 

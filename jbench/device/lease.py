@@ -1,0 +1,195 @@
+"""One controller per device at a time: a lease file on the device itself.
+
+Works with no coordinator (issue 14 puts a labgrid reservation on top for farms). The lease is a JSON
+file in jbench's state directory on the device:
+
+- created atomically (`set -C`, i.e. O_EXCL: of two controllers exactly one creates it);
+- names its owner (controller host, pid, user, sweep id, start time);
+- kept fresh by a heartbeat: the owner touches the file every `HEARTBEAT_S`; its age is measured on the
+  device's own clock (`stat -c %Y` against `date +%s`), so clock skew between controllers does not matter;
+- stale when the heartbeat is older than `stale_s`, or at once when the owner ran on this host and its
+  process is gone (a SIGKILLed controller on the same workstation is recovered without waiting).
+
+A stale lease is taken over by renaming it away first (rename is atomic: only one taker wins) and then
+creating a fresh one. A live holder is never disturbed: the second controller waits up to `wait_s` with a
+message naming the holder, or refuses.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from jbench.device.connection import Connection, DeviceError
+
+HEARTBEAT_S = 10.0
+DEFAULT_STALE_S = 120.0
+
+# Leases this process holds (device name -> sweep id): a lease of our own pid is only ours while listed here.
+_HELD: dict[str, str] = {}
+_HELD_LOCK = threading.Lock()
+
+# Writes stdin to $1 only if $1 does not exist yet (noclobber opens with O_EXCL).
+_CREATE = 'mkdir -p "$(dirname "$1")" && set -C && cat > "$1"'
+# The lease's text, its age in seconds on the device's clock, separated by a marker line.
+_READ = 'cat "$1" 2>/dev/null || exit 3; echo; echo @@age; echo $(( $(date +%s) - $(stat -c %Y "$1") ))'
+
+
+class LeaseBusy(DeviceError):
+    """Another live controller holds the device."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    owner: dict
+    age_s: float
+
+    def describe(self) -> str:
+        o = self.owner
+        since = o.get("started_at", "?")
+        return (f"{o.get('user', '?')}@{o.get('host', '?')} pid {o.get('pid', '?')} (sweep {o.get('sweep_id', '?')}, "
+                f"since {since}, last heartbeat {self.age_s:.0f} s ago)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DeviceLease:
+    def __init__(self, conn: Connection, device: dict, sweep_id: str, *, stale_s: float = DEFAULT_STALE_S,
+                 log: Optional[logging.Logger] = None):
+        self.conn = conn
+        self.device = device
+        self.sweep_id = sweep_id
+        self.stale_s = stale_s
+        self.log = log or logging.getLogger("jbench.lease")
+        state_dir = ((device.get("paths") or {}).get("state_dir") or "~/.cache/jbench").rstrip("/")
+        self.path = f"{state_dir}/lease-{device['name']}.json"
+        self.owner = {
+            "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "sweep_id": sweep_id,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex,
+        }
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.held = False
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def holder(self) -> Optional[Holder]:
+        path = self.conn.expand_path(self.path)
+        res = self.conn.run(["sh", "-c", _READ, "sh", path], timeout=30)
+        if res.returncode == 3:
+            return None
+        text, _, age = res.stdout.rpartition("@@age")
+        try:
+            owner = json.loads(text.strip() or "{}")
+        except json.JSONDecodeError:
+            owner = {"host": "?", "note": "unreadable lease file"}
+        try:
+            age_s = float(age.strip())
+        except ValueError:
+            age_s = float("inf")
+        return Holder(owner, age_s)
+
+    def is_stale(self, holder: Holder) -> tuple[bool, str]:
+        o = holder.owner
+        if o.get("token") == self.owner["token"]:
+            return False, "ours"
+        if o.get("host") == self.owner["host"] and isinstance(o.get("pid"), int):
+            if o["pid"] == os.getpid():
+                with _HELD_LOCK:
+                    live = _HELD.get(self.device["name"]) == o.get("sweep_id")
+                if not live:
+                    return True, "left by an earlier sweep of this process"
+            elif not _pid_alive(o["pid"]):
+                return True, f"its controller (pid {o['pid']} on this host) is gone"
+        if holder.age_s > self.stale_s:
+            return True, f"no heartbeat for {holder.age_s:.0f} s (stale after {self.stale_s:g} s)"
+        return False, "live"
+
+    # -- acquiring ------------------------------------------------------------------------------
+
+    def _try_create(self) -> bool:
+        path = self.conn.expand_path(self.path)
+        res = self.conn.run(["sh", "-c", _CREATE, "sh", path], timeout=30, stdin=json.dumps(self.owner, indent=2))
+        return res.returncode == 0
+
+    def _take_over(self, holder: Holder, why: str) -> None:
+        path = self.conn.expand_path(self.path)
+        aside = f"{path}.stale-{uuid.uuid4().hex[:8]}"
+        # Only one taker's rename succeeds; the loser finds a fresh lease (or none) on its next try.
+        if self.conn.run(["mv", path, aside], timeout=30).returncode == 0:
+            self.log.warning("lease: device '%s' was held by %s: %s; taking it over", self.device["name"],
+                             holder.describe(), why)
+            self.conn.run(["rm", "-f", aside], timeout=30)
+
+    def acquire(self, wait_s: float = 0.0, *, on_wait: Optional[Callable[[str], None]] = None) -> None:
+        """Hold the device or raise LeaseBusy naming the holder (after waiting up to wait_s)."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        told = False
+        while True:
+            if self._try_create():
+                break
+            holder = self.holder()
+            if holder is None:
+                continue  # released between our two commands
+            stale, why = self.is_stale(holder)
+            if stale:
+                self._take_over(holder, why)
+                continue
+            if time.monotonic() >= deadline:
+                hint = ("wait for it, or let jbench wait: device.lease_wait_s=SECONDS" if wait_s <= 0 else
+                        f"waited {wait_s:g} s")
+                raise LeaseBusy(f"device '{self.device['name']}' is in use by another jbench controller: "
+                                f"{holder.describe()}. jbench does not touch a device while its holder lives; "
+                                f"{hint}. A holder that died is taken over once its heartbeat is "
+                                f"{self.stale_s:g} s old (device.lease_stale_s).")
+            if not told:
+                msg = f"device '{self.device['name']}' is in use by {holder.describe()}; waiting up to {wait_s:g} s"
+                (on_wait or self.log.warning)(msg)
+                told = True
+            time.sleep(min(5.0, max(0.5, deadline - time.monotonic())))
+        with _HELD_LOCK:
+            _HELD[self.device["name"]] = self.sweep_id
+        self.held = True
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.device['name']}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        path = self.conn.expand_path(self.path)
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.conn.run(["touch", "-c", path], timeout=30)
+            except Exception:  # a reboot or a dropped link: the next beat tries again
+                pass
+
+    def release(self) -> None:
+        """Give the device back (only a lease that is still ours is removed)."""
+        if not self.held:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S + 5)
+        try:
+            holder = self.holder()
+            if holder is not None and holder.owner.get("token") == self.owner["token"]:
+                self.conn.run(["rm", "-f", self.conn.expand_path(self.path)], timeout=30)
+        finally:
+            with _HELD_LOCK:
+                if _HELD.get(self.device["name"]) == self.sweep_id:
+                    del _HELD[self.device["name"]]
+            self.held = False
