@@ -365,6 +365,42 @@ def devices_check(names, config_dirs) -> None:
         raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
 
 
+@devices.command("restore")
+@click.argument("name")
+@click.option("--allow-reboot", is_flag=True, help="Reboot the device if its original power mode needs one.")
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
+              help="Seconds to wait for another controller's lease.")
+@_config_dir_option
+def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
+    """Put NAME back in the power state a jbench sweep recorded (after a crash, or a restore that needed a reboot)."""
+    from jbench.device.connect import connect
+    from jbench.device.connection import DeviceError
+    from jbench.device.lease import DeviceLease
+    from jbench.device.power import PowerStrategy
+
+    device, profile, _ = _device_config(name, config_dirs)
+    if not device.get("profile"):
+        raise _fail(f"device '{name}' has no Jetson profile (device.profile): jbench never changes its power state")
+    try:
+        with connect(device) as conn:
+            lease = DeviceLease(conn, device, "restore", stale_s=float(device.get("lease_stale_s") or 120.0))
+            lease.acquire(wait_s)
+            try:
+                power = PowerStrategy(conn, device, profile=profile)
+                if power._read_state_file() is None:
+                    console.print(f"device '{name}': no recorded state; nothing to restore")
+                    return
+                done = power.recover_leftover(allow_reboot=allow_reboot)
+            finally:
+                lease.release()
+    except DeviceError as exc:
+        raise _fail(str(exc)) from None
+    if not done:
+        console.print(f"[red]device '{name}' is not fully restored[/] (see the log above); the state file stays")
+        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+    console.print(f"device '{name}': restored to its recorded original power state")
+
+
 @main.command()
 @click.argument("device_name", metavar="DEVICE")
 @_config_dir_option

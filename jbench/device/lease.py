@@ -33,8 +33,9 @@ from jbench.device.connection import Connection, DeviceError
 HEARTBEAT_S = 10.0
 DEFAULT_STALE_S = 120.0
 
-# Leases this process holds (device name -> sweep id): a lease of our own pid is only ours while listed here.
-_HELD: dict[str, str] = {}
+# Sweeps of this process holding or acquiring a device's lease (device name -> sweep ids): a lease file with our
+# own pid is live only while its sweep is listed here (else an earlier sweep of this process left it).
+_HELD: dict[str, set[str]] = {}
 _HELD_LOCK = threading.Lock()
 
 # Writes stdin to $1 only if $1 does not exist yet (noclobber opens with O_EXCL).
@@ -112,7 +113,7 @@ class DeviceLease:
         if o.get("host") == self.owner["host"] and isinstance(o.get("pid"), int):
             if o["pid"] == os.getpid():
                 with _HELD_LOCK:
-                    live = _HELD.get(self.device["name"]) == o.get("sweep_id")
+                    live = o.get("sweep_id") in _HELD.get(self.device["name"], set())
                 if not live:
                     return True, "left by an earlier sweep of this process"
             elif not _pid_alive(o["pid"]):
@@ -141,6 +142,20 @@ class DeviceLease:
         """Hold the device or raise LeaseBusy naming the holder (after waiting up to wait_s)."""
         deadline = time.monotonic() + max(0.0, wait_s)
         told = False
+        with _HELD_LOCK:
+            _HELD.setdefault(self.device["name"], set()).add(self.sweep_id)
+        try:
+            self._acquire(deadline, wait_s, on_wait)
+        except BaseException:
+            with _HELD_LOCK:
+                _HELD.get(self.device["name"], set()).discard(self.sweep_id)
+            raise
+        self.held = True
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.device['name']}", daemon=True)
+        self._thread.start()
+
+    def _acquire(self, deadline: float, wait_s: float, on_wait: Optional[Callable[[str], None]]) -> None:
+        told = False
         while True:
             if self._try_create():
                 break
@@ -163,11 +178,6 @@ class DeviceLease:
                 (on_wait or self.log.warning)(msg)
                 told = True
             time.sleep(min(5.0, max(0.5, deadline - time.monotonic())))
-        with _HELD_LOCK:
-            _HELD[self.device["name"]] = self.sweep_id
-        self.held = True
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.device['name']}", daemon=True)
-        self._thread.start()
 
     def _beat(self) -> None:
         path = self.conn.expand_path(self.path)
@@ -190,6 +200,5 @@ class DeviceLease:
                 self.conn.run(["rm", "-f", self.conn.expand_path(self.path)], timeout=30)
         finally:
             with _HELD_LOCK:
-                if _HELD.get(self.device["name"]) == self.sweep_id:
-                    del _HELD[self.device["name"]]
+                _HELD.get(self.device["name"], set()).discard(self.sweep_id)
             self.held = False

@@ -120,9 +120,10 @@ def step(fn):
     return wrapper
 
 
-# Candidate railgate_enable files: the configured one first, then where L4T releases put it
-# (JetPack 5 jetson_clocks: /sys/devices/platform/gpu.0; older: the devfreq node's device directory).
-_RAILGATE_READ = 'for f in "$@"; do [ -r "$f" ] && { cat "$f"; exit 0; }; done; exit 3'
+# `nvpmodel -q`, then the first readable railgate_enable among the candidates ($@), in one round trip.
+# Candidates: the configured file, then where L4T releases put it (JetPack 5 jetson_clocks:
+# /sys/devices/platform/gpu.0; older: the devfreq node's device directory).
+_QUERY = 'nvpmodel -q 2>&1; echo @@railgate; for f in "$@"; do [ -r "$f" ] && { cat "$f"; break; }; done'
 
 
 class PowerStrategy:
@@ -184,17 +185,11 @@ class PowerStrategy:
                                   f"(from its {self.nvpmodel_conf})")
         return modes[name]
 
-    def _railgate_disabled(self) -> Optional[bool]:
-        res = self.conn.run(["sh", "-c", _RAILGATE_READ, "sh", *self.railgate_paths], timeout=30)
-        value = res.stdout.strip()
-        if res.returncode != 0 or value not in ("0", "1"):
-            return None
-        return value == "0"
-
     def current(self) -> PowerSnapshot:
-        q = self.conn.run(["nvpmodel", "-q"], timeout=30)
+        q = self.conn.run(["sh", "-c", _QUERY, "sh", *self.railgate_paths], timeout=30)
+        query, _, railgate = q.stdout.partition("@@railgate")
         try:
-            mode, mode_id = parse_nvpmodel_query(q.stdout + q.stderr)
+            mode, mode_id = parse_nvpmodel_query(query)
         except JetsonError as exc:
             raise PowerStateError(f"'{self.conn.name}': {exc}") from None
         show_res = self._sudo(["jetson_clocks", "--show"], timeout=30)
@@ -203,7 +198,8 @@ class PowerStrategy:
         except JetsonError as exc:
             raise PowerStateError(f"'{self.conn.name}': {exc} (stderr: {show_res.stderr.strip()[:200]})") from None
         locks = ClockLocks(cpu=show.cpu_locked, gpu=show.gpu_locked, emc=show.emc_locked,
-                           cpuidle_disabled=show.cpuidle_disabled, railgate_disabled=self._railgate_disabled())
+                           cpuidle_disabled=show.cpuidle_disabled,
+                           railgate_disabled={"0": True, "1": False}.get(railgate.strip()))
         return PowerSnapshot(mode, mode_id, locks, show.fan_pwm)
 
     def pending_mode_id(self) -> Optional[int]:

@@ -1,0 +1,121 @@
+"""The on-device lease: one controller per device, a holder named, stale leases taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jbench.device.lease import DeviceLease, LeaseBusy
+from jbench.device.local import LocalConnection
+
+
+def _device(tmp_path) -> dict:
+    return {"name": "board", "paths": {"state_dir": str(tmp_path / "state")}}
+
+
+def test_second_controller_is_refused_naming_the_holder_then_gets_it_after_release(tmp_path):
+    conn = LocalConnection("board")
+    first = DeviceLease(conn, _device(tmp_path), "sweep-a")
+    first.acquire()
+    try:
+        second = DeviceLease(conn, _device(tmp_path), "sweep-b")
+        with pytest.raises(LeaseBusy, match=r"in use by another jbench controller: .*pid %d \(sweep sweep-a" % os.getpid()):
+            second.acquire(0)
+        with pytest.raises(LeaseBusy, match="device.lease_wait_s"):
+            second.acquire(0)
+    finally:
+        first.release()
+    assert not (tmp_path / "state" / "lease-board.json").exists()
+    second.acquire(0)
+    second.release()
+
+
+def test_a_waiting_controller_gets_the_device_when_the_holder_releases(tmp_path):
+    conn = LocalConnection("board")
+    first = DeviceLease(conn, _device(tmp_path), "sweep-a")
+    first.acquire()
+    messages: list[str] = []
+    threading.Timer(1.0, first.release).start()
+    second = DeviceLease(conn, _device(tmp_path), "sweep-b")
+    second.acquire(30, on_wait=messages.append)
+    assert second.held and messages and "in use by" in messages[0] and "sweep sweep-a" in messages[0]
+    owner = json.loads((tmp_path / "state" / "lease-board.json").read_text())
+    assert owner["sweep_id"] == "sweep-b"
+    second.release()
+
+
+def test_a_lease_of_a_dead_controller_on_this_host_is_taken_over_at_once(tmp_path):
+    # A controller that was SIGKILLed: its pid is gone.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    import socket
+
+    lease_file.write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "sweep_id": "dead", "token": "x"}))
+    lease = DeviceLease(LocalConnection("board"), _device(tmp_path), "sweep-new")
+    lease.acquire(0)
+    assert json.loads(lease_file.read_text())["sweep_id"] == "sweep-new"
+    lease.release()
+
+
+def test_a_lease_from_another_host_counts_until_its_heartbeat_is_stale(tmp_path):
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": "far", "token": "x"}))
+    conn = LocalConnection("board")
+    with pytest.raises(LeaseBusy, match="ci-runner-7 pid 4242"):
+        DeviceLease(conn, _device(tmp_path), "near", stale_s=60).acquire(0)
+    old = time.time() - 120  # its controller stopped beating two minutes ago (the device's clock)
+    os.utime(lease_file, (old, old))
+    lease = DeviceLease(conn, _device(tmp_path), "near", stale_s=60)
+    lease.acquire(0)
+    assert json.loads(lease_file.read_text())["sweep_id"] == "near"
+    lease.release()
+
+
+def test_the_holder_keeps_its_lease_fresh(tmp_path, monkeypatch):
+    import jbench.device.lease as lease_mod
+
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.2)
+    lease = DeviceLease(LocalConnection("board"), _device(tmp_path), "sweep-a")
+    lease.acquire()
+    lease_file = tmp_path / "state" / "lease-board.json"
+    old = time.time() - 500
+    os.utime(lease_file, (old, old))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and time.time() - lease_file.stat().st_mtime > 100:
+        time.sleep(0.1)
+    assert time.time() - lease_file.stat().st_mtime < 100, "the heartbeat never touched the lease"
+    lease.release()
+
+
+def test_only_one_of_many_racing_controllers_gets_the_device(tmp_path):
+    conn = LocalConnection("board")
+    leases = [DeviceLease(conn, _device(tmp_path), f"sweep-{i}") for i in range(6)]
+    won: list[str] = []
+
+    def take(lease: DeviceLease) -> None:
+        try:
+            lease.acquire(0)
+            won.append(lease.sweep_id)
+        except LeaseBusy:
+            pass
+
+    threads = [threading.Thread(target=take, args=(lease,)) for lease in leases]
+    # Same process: mark every racer live so none counts as "left by an earlier sweep of this process".
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    holder = json.loads((tmp_path / "state" / "lease-board.json").read_text())["sweep_id"]
+    assert holder in won
+    for lease in leases:
+        lease.release()
