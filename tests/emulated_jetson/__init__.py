@@ -45,8 +45,8 @@ SSHD = "/usr/sbin/sshd"
 
 MODULES = tuple(sorted(emu_profiles.PROFILES))
 # jbench profile names (conf/profile/*.yaml) of the emulated modules
-PRODUCT_PROFILES = {"orin_nano": "orin_nano_8gb", "orin_nano_super": "orin_nano_super", "agx_orin": "agx_orin_64gb",
-                    "thor": "thor"}
+PRODUCT_PROFILES = {"orin_nano": "orin_nano_8gb", "orin_nano_super": "orin_nano_super",
+                    "orin_nano_super_r39": "orin_nano_super", "agx_orin": "agx_orin_64gb", "thor": "thor"}
 
 _address_lock = threading.Lock()
 _address_counter = 0
@@ -126,7 +126,8 @@ class EmulatedJetson:
     (holds `[host]:port ssh-ed25519 ...`), host_key_line, host_public_key, host_key_fingerprint ("SHA256:...").
     Device attributes: module, profile (dict from emu_profiles), title, l4t, jetpack, product_profile, modes,
     default_mode, state_dir, home, root_home, bin_dir, nvpmodel_conf_path, device_tree_model_path,
-    nv_tegra_release_path, boot_id_path, nvpmodel_status_path, commands_log_path, sshd_log_path, base_dir.
+    nv_tegra_release_path, boot_id_path, nvpmodel_status_path, gpu_railgate_path, commands_log_path, sshd_log_path,
+    base_dir.
     """
 
     def __init__(self, module: str, base_dir: Path, host: str, port: int, owns_base_dir: bool) -> None:
@@ -163,6 +164,8 @@ class EmulatedJetson:
         self.nv_tegra_release_path = self.state_dir / "nv_tegra_release"
         self.boot_id_path = self.state_dir / "boot_id"
         self.nvpmodel_status_path = self.state_dir / "nvpmodel_status"
+        # /sys/devices/platform/gpu.0/railgate_enable analogue ("1\n" railgating on, "0\n" after jetson_clocks)
+        self.gpu_railgate_path = self.state_dir / emu_state.RAILGATE_FILE
         self.commands_log_path = self.state_dir / "commands.log"
         self.supervisor_log_path = self.ctl_dir / "supervisor.log"
         self.path_env = f"{BIN_DIR}:{self.pybin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -177,7 +180,7 @@ class EmulatedJetson:
     def start(cls, module: str = "orin_nano", base_dir: Optional[os.PathLike] = None, *, host: Optional[str] = None,
               reboot_delay_s: float = 3.0, reboot_grace_s: float = 0.5, sudo_password: Optional[str] = None,
               nvpmodel_mode: Optional[int] = None, clocks_locked: bool = False, login_is_root: bool = False,
-              start_timeout_s: float = 15.0) -> "EmulatedJetson":
+              sudo_timestamp_timeout_s: float = 900.0, start_timeout_s: float = 15.0) -> "EmulatedJetson":
         """Create the device's files, start its supervisor+sshd and wait (bounded) until sshd accepts connections."""
         owns = base_dir is None
         base = Path(tempfile.mkdtemp(prefix=f"emu-{module}-")) if owns else Path(base_dir)
@@ -185,7 +188,8 @@ class EmulatedJetson:
         emu = cls(module, base, host, _free_port(host), owns)
         try:
             emu._prepare(reboot_delay_s=reboot_delay_s, reboot_grace_s=reboot_grace_s, sudo_password=sudo_password,
-                         nvpmodel_mode=nvpmodel_mode, clocks_locked=clocks_locked, login_is_root=login_is_root)
+                         nvpmodel_mode=nvpmodel_mode, clocks_locked=clocks_locked, login_is_root=login_is_root,
+                         sudo_timestamp_timeout_s=sudo_timestamp_timeout_s)
             emu._launch(start_timeout_s)
         except BaseException:
             emu.stop()
@@ -251,8 +255,11 @@ class EmulatedJetson:
             "sudo_password": initial["sudo_password"], "login_is_root": initial["login_is_root"],
             "hostname": prof["hostname"], "reboot_delay_s": initial["reboot_delay_s"],
             "reboot_grace_s": initial["reboot_grace_s"], "boot_time": time.time(), "events": [],
+            "sudo_timestamp_timeout_s": float(initial["sudo_timestamp_timeout_s"]),
         })
+        emu_state.normalize(state)
         emu_state.write_text_atomic(str(self.state_dir / emu_state.STATE_FILE), json.dumps(state, indent=1) + "\n")
+        self.gpu_railgate_path.write_text(f"{state['gpu_railgate_enable']}\n")
         check = subprocess.run([SSHD, "-t", "-f", str(self.sshd_config_path)], capture_output=True, text=True)
         if check.returncode != 0:
             raise EmulatorError(f"sshd rejected the emulated device's config: {check.stderr.strip()}")
@@ -406,7 +413,53 @@ class EmulatedJetson:
 
     @property
     def clocks_locked(self) -> bool:
-        return bool(self.state["clocks_locked"])
+        """True when everything a plain `jetson_clocks` locks is locked (CPU, GPU, EMC, cpuidle, railgate)."""
+        return emu_state.all_locked(self.state)
+
+    @property
+    def clocks_unlocked(self) -> bool:
+        """True when nothing of jetson_clocks is left (no lock, cpuidle on, railgating on, fan under nvfancontrol)."""
+        return emu_state.none_locked(self.state)
+
+    def clock_state(self) -> Dict[str, Any]:
+        """The device's jetson_clocks/nvpmodel state: {cpu_locked, gpu_locked, emc_locked, cpuidle_disabled,
+        railgate_enabled, nvfancontrol_active, fan_pwm (None: nvfancontrol's), all_locked, none_locked, mode,
+        mode_name, pending_mode, pending_mode_name}."""
+        st = self.state
+        out = emu_state.lock_state(st)
+        out["mode_name"] = emu_profiles.mode_by_id(self.profile, st["nvpmodel_mode"])["name"]
+        pending = st.get("nvpmodel_pending")
+        out["pending_mode_name"] = (emu_profiles.mode_by_id(self.profile, pending)["name"]
+                                    if pending is not None else None)
+        return out
+
+    def set_clocks(self, **locks: Any) -> Dict[str, Any]:
+        """Set lock keys directly (cpu_locked, gpu_locked, emc_locked, cpuidle_disabled, gpu_railgate_enable,
+        nvfancontrol_active, fan_pwm); all_locked=True/False sets all of them like jetson_clocks / a reboot."""
+        def fn(s: Dict[str, Any]) -> None:
+            if "all_locked" in locks:
+                emu_state.set_all_locks(s, bool(locks.pop("all_locked")))
+            s.update(locks)
+
+        unknown = set(locks) - set(emu_state.DEFAULT_STATE) - {"all_locked"}
+        if unknown:
+            raise KeyError(f"unknown emulated-Jetson state keys: {sorted(unknown)}")
+        return emu_state.update(str(self.state_dir), fn=fn)
+
+    def device_processes(self, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+        """Processes still running on the emulated device that its ssh sessions started (shells, fake tools,
+        daemonized `tegrastats --start`, workloads...: everything carrying this device's JETSON_EMU_STATE), not the
+        supervisor or sshd. names: only those whose argv[0]/argv[1] basename is in it. For "nothing left running"
+        checks: `assert emu.device_processes() == []` after the product closed its sessions (sshd needs a moment to
+        reap a closed session: poll). Each item: {pid, ppid, argv}."""
+        ppids = emu_state.proc_ppid_map()
+        out = []
+        for pid in emu_state.processes_of_device(str(self.state_dir), list(names) if names is not None else None):
+            argv = emu_state.proc_cmdline(pid)
+            if not argv:
+                continue
+            out.append({"pid": pid, "ppid": ppids.get(pid), "argv": argv})
+        return out
 
     @property
     def boot_count(self) -> int:
@@ -518,7 +571,9 @@ class EmulatedJetson:
             "profile": self.product_profile,
             "paths": {"nvpmodel_conf": str(self.nvpmodel_conf_path),
                       "device_tree_model": str(self.device_tree_model_path),
-                      "tegra_release": str(self.nv_tegra_release_path)},
+                      "tegra_release": str(self.nv_tegra_release_path),
+                      "boot_id": str(self.boot_id_path),
+                      "gpu_railgate": str(self.gpu_railgate_path)},
         }
 
 

@@ -52,6 +52,15 @@ ORIN_NANO_SUPER_MODES = [
     _mode(3, "7W", 4, 1113600, 408000000, 2133000000, 252, 2),
 ]
 
+# Orin Nano 8GB devkit with the Super conf, JetPack 7.2.1 / L4T R39.2.1.
+# source: nvpmodel-modes.txt -- Orin Nano Super devkit, L4T R39.2.1 (vdavid21/edge-inference-benchmark-lab @7eb0b09
+#   env-jetson-orin-20260919T113300Z.md, grep of /etc/nvpmodel.conf): 'ID=0 NAME=15W', 'ID=1 NAME=25W',
+#   'ID=2 NAME=MAXN_SUPER' -- no 7W mode in that conf, so none here.
+# source (25W default: `nvpmodel -q` 'NV Power Mode: 25W' / '1'): nvpmodel-q.txt, same file.
+# source (25W clocks 1344000 / 918000000 / 3199000000, Active GPU TPCs: 4): jetson_clocks-show.txt, same file.
+# The 15W and MAXN_SUPER caps are those of the R36.4.4 profile (emulator assumption: no R39 capture of them).
+ORIN_NANO_SUPER_R39_MODES = [m for m in ORIN_NANO_SUPER_MODES if m["name"] != "7W"]
+
 # AGX Orin 64GB devkit, JetPack 5.1.2 / L4T R35.4.1.
 # source: nvpmodel-modes.txt -- 'AGX Orin JP5: ID=0 MAXN, 1 MODE_15W, 2 MODE_30W, 3 MODE_50W (DEFAULT=MODE_30W(2))'.
 # source (cores, TPC_PG_MASK, CPU/GPU/EMC caps per mode): nvpmodel-verbose.txt, `nvpmodel -p --verbose` AGX Orin JP5
@@ -120,6 +129,16 @@ NV_TEGRA_RELEASE_R38_4_0 = (
     "INSTALL_TYPE=\n"
 )
 
+# source: public file, repository not resolved, reference id 61451829400 (a console log: `cat /etc/nv_tegra_release`
+#   after `uname -a` '6.8.12-1021-tegra #1 SMP PREEMPT Thu Aug  6 21:56:04 PDT 2026'; copied with its provenance to
+#   tests/data/jetson-formats/nv_tegra_release-r39.txt). The same first line is quoted in several R39.2.1 how-tos.
+NV_TEGRA_RELEASE_R39_2_1 = (
+    "# R39 (release), REVISION: 2.1, GCID: 46758480, BOARD: generic, EABI: aarch64, DATE: Fri Aug  7 05:54:22 AM UTC 2026\n"
+    "# KERNEL_VARIANT: oot\n"
+    "TARGET_USERSPACE_LIB_DIR=nvidia\n"
+    "TARGET_USERSPACE_LIB_DIR_PATH=usr/lib/aarch64-linux-gnu/nvidia\n"
+)
+
 _COMMON_ORIN_NANO = {
     "soc": "tegra234",
     "cpu_min_khz": 729600, "gpu_min_hz": 306000000, "emc_min_hz": 204000000,
@@ -151,6 +170,22 @@ PROFILES: Dict[str, Dict[str, Any]] = {
         kernel_release="5.15.148-tegra", kernel_version="#1 SMP PREEMPT Mon Jun 16 08:24:48 PDT 2025",  # emulator assumption (date)
         hostname="orin-nano-super", nvpmodel_conf_name="nvpmodel_p3767_0003_super",
         modes=ORIN_NANO_SUPER_MODES, default_mode=1, cpus=6,
+    ),
+    "orin_nano_super_r39": dict(
+        _COMMON_ORIN_NANO,
+        title="Jetson Orin Nano 8GB Developer Kit (Super conf), JetPack 7.2.1 (L4T R39.2.1)",
+        # source: jetson_clocks-show.txt, Orin Nano Super R39.2.1 'Machine:' line
+        device_tree_model="NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super",
+        nv_tegra_release=NV_TEGRA_RELEASE_R39_2_1, l4t="39.2.1", jetpack="7.2.1",
+        # source: reference id 61451829400 (see NV_TEGRA_RELEASE_R39_2_1)
+        kernel_release="6.8.12-1021-tegra", kernel_version="#1 SMP PREEMPT Thu Aug  6 21:56:04 PDT 2026",
+        hostname="orin-nano-super-r39", nvpmodel_conf_name="nvpmodel_p3767_0003_super",
+        modes=ORIN_NANO_SUPER_R39_MODES, default_mode=1, cpus=6,
+        # source: tegrastats-orin-nano.txt, R39.2.1 Orin Nano Super lines ('RAM 2850/7486MB', no SWAP field)
+        ram_total_mb=7486, swap_total_mb=None,
+        tegrastats="orin_r39", clocks_show="r39",
+        # emulator assumption: the R36 verbose shape and paths (no R39 `nvpmodel --verbose` capture)
+        fan_pwm=60,  # source: jetson_clocks-show.txt R39.2.1 'hwmon0_pwm1=60'
     ),
     "agx_orin": {
         "title": "Jetson AGX Orin 64GB Developer Kit, JetPack 5.1.2 (L4T R35.4.1)",
@@ -189,6 +224,7 @@ PROFILES: Dict[str, Dict[str, Any]] = {
 
 ALIASES = {
     "orin_nano_8gb": "orin_nano", "orin-nano": "orin_nano", "nano_orin": "orin_nano",
+    "orin_nano_super_jp7": "orin_nano_super_r39",
     "agx_orin_64gb": "agx_orin", "agx-orin": "agx_orin", "agx_thor": "thor", "thor_t5000": "thor",
 }
 
@@ -249,7 +285,12 @@ def nvpmodel_conf_text(prof: Dict[str, Any]) -> str:
     ]
     for core in range(prof["cpus"]):
         lines.append(f"CORE_{core} /sys/devices/system/cpu/cpu{core}/online")
-    lines += ["", "< PARAM TYPE=FILE NAME=TPC_POWER_GATING >", "TPC_PG_MASK /sys/devices/platform/gpu.0/tpc_pg_mask", ""]
+    # source: nvpmodel-verbose.txt (AGX Orin JP5: /sys/devices/gpu.0/tpc_pg_mask, /sys/kernel/nvpmodel_emc_cap/emc_iso_cap)
+    #   and UNRESOLVED-provenance.txt (R36.4.3: /sys/devices/platform/gpu.0/tpc_pg_mask, /sys/kernel/nvpmodel_clk_cap/emc)
+    r35 = prof.get("verbose") == "r35"
+    gpu0 = "/sys/devices/gpu.0" if r35 else "/sys/devices/platform/gpu.0"
+    emc_cap = "/sys/kernel/nvpmodel_emc_cap/emc_iso_cap" if r35 else "/sys/kernel/nvpmodel_clk_cap/emc"
+    lines += ["", "< PARAM TYPE=FILE NAME=TPC_POWER_GATING >", f"TPC_PG_MASK {gpu0}/tpc_pg_mask", ""]
     seen = []
     for core in range(prof["cpus"]):
         name = _cpu_param_name(prof, core)
@@ -263,7 +304,7 @@ def nvpmodel_conf_text(prof: Dict[str, Any]) -> str:
     dev = prof["gpu_devfreq"]
     lines += ["< PARAM TYPE=CLOCK NAME=GPU >", f"FREQ_TABLE {dev}/available_frequencies",
               f"MAX_FREQ {dev}/max_freq", f"MIN_FREQ {dev}/min_freq", "",
-              "< PARAM TYPE=CLOCK NAME=EMC >", "MAX_FREQ /sys/kernel/nvpmodel_clk_cap/emc", "",
+              "< PARAM TYPE=CLOCK NAME=EMC >", f"MAX_FREQ {emc_cap}", "",
               "###########################", "#                         #", "# POWER_MODEL DEFINITIONS #",
               "#                         #", "###########################", ""]
     for mode in prof["modes"]:

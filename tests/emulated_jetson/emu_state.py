@@ -11,7 +11,10 @@ Layout of a state directory (`$JETSON_EMU_STATE` on the device):
     device-tree-model     /proc/device-tree/model analogue (ends with a NUL byte, like the real file)
     nv_tegra_release      /etc/nv_tegra_release analogue
     boot_id               /proc/sys/kernel/random/boot_id analogue (changes on every emulated boot)
-    nvpmodel_status       /var/lib/nvpmodel/status analogue ("pmode:0001 fmode:fan_mode_quiet")
+    nvpmodel_status       /var/lib/nvpmodel/status analogue ("pmode:0001 fmode:fan_mode_quiet"); after a declined
+                          reboot prompt it names the pending mode (issue 11 statement)
+    gpu_railgate_enable   /sys/devices/platform/gpu.0/railgate_enable analogue ("1\n" / "0\n"), kept in sync with
+                          the state key gpu_railgate_enable by update()
     home/                 $HOME of the login session (has an empty-ish .bashrc)
     root_home/            $HOME under the fake sudo (like Ubuntu's sudo, which sets HOME to root's home)
     .reboot_request       written by `reboot`/`nvpmodel` (YES), consumed by the supervisor
@@ -31,6 +34,7 @@ STATE_ENV = "JETSON_EMU_STATE"  # set in every ssh session (authorized_keys envi
 ROOT_ENV = "JETSON_EMU_ROOT"  # set to "1" by the fake sudo: the tools then act as root
 
 STATE_FILE = "state.json"
+RAILGATE_FILE = "gpu_railgate_enable"
 LOCK_FILE = ".state.lock"
 REBOOT_REQUEST = ".reboot_request"
 TEGRASTATS_PIDS = "tegrastats.pids"
@@ -45,9 +49,23 @@ DEFAULT_STATE: Dict[str, Any] = {
     "module": None,
     "nvpmodel_mode": None,  # current power mode id
     "nvpmodel_pending": None,  # id that becomes current at the next emulated boot
-    "clocks_locked": False,  # jetson_clocks state
-    "fan_pwm": None,
+    # jetson_clocks state, one key per knob the real script writes (research notes section 1.3; NVIDIA jetson_clocks
+    # 2015-2023 do_cpu/do_igpu/do_emc/do_fan). A plain `jetson_clocks` sets the first five; `--fan` also the fan.
+    "cpu_locked": False,  # every cpuN scaling_min_freq == scaling_max_freq
+    "gpu_locked": False,  # GPU devfreq min_freq == max_freq
+    "emc_locked": False,  # /sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked == 1 (EMC at the cap)
+    "cpuidle_disabled": False,  # every cpuN/cpuidle/stateM/disable == 1
+    "gpu_railgate_enable": 1,  # /sys/devices/platform/gpu.0/railgate_enable (0 = railgating off)
+    "nvfancontrol_active": True,  # `systemctl is-active nvfancontrol`
+    "fan_pwm": None,  # forced pwm (255 after `jetson_clocks --fan`); None: nvfancontrol's value (profile fan_pwm)
+    # Legacy single flag: True = all locked, False = none locked. Tests may still set it (set_state(clocks_locked=..),
+    # EmulatedJetson.start(clocks_locked=..)); update()/load() turn it into the keys above and reset it to None.
+    "clocks_locked": None,
     "sudo_password": None,  # None: passwordless sudo
+    # sudo credential cache (sudoers timestamp records): {record key: epoch of the last authentication/use}
+    "sudo_timestamps": {},
+    "sudo_timestamp_timeout_s": 900.0,  # Ubuntu's sudo: 15 minutes (research notes section 4); 0: always ask,
+                                        # < 0: never expires until reboot (sudoers(5) timestamp_timeout)
     "emulated_user": "nvidia",  # what `id`, `whoami` and the sudo prompt report (login is root underneath)
     "emulated_uid": 1000,
     "login_is_root": False,  # True: every session acts as root without sudo
@@ -102,12 +120,71 @@ def _read(state_dir: str) -> Dict[str, Any]:
         data = {}
     merged = dict(DEFAULT_STATE)
     merged.update(data)
+    normalize(merged)
     return merged
 
 
 def load(state_dir: str) -> Dict[str, Any]:
     with _locked(state_dir):
         return _read(state_dir)
+
+
+# --- jetson_clocks locks ------------------------------------------------------------------------------------
+# The five knobs a plain `jetson_clocks` writes (NVIDIA jetson_clocks, do_cpu/do_igpu/do_emc; research notes 1.3).
+LOCK_KEYS = ("cpu_locked", "gpu_locked", "emc_locked", "cpuidle_disabled")
+
+
+def set_all_locks(state: Dict[str, Any], locked: bool, fan: bool = False) -> None:
+    """What a plain `jetson_clocks` (locked=True) or a reboot / restore of an unlocked store (locked=False) leaves.
+    fan=True also forces (locked) or releases (not locked) the fan."""
+    for key in LOCK_KEYS:
+        state[key] = bool(locked)
+    state["gpu_railgate_enable"] = 0 if locked else 1
+    if fan or not locked:
+        state["nvfancontrol_active"] = not locked
+        state["fan_pwm"] = 255 if locked else None
+
+
+def all_locked(state: Dict[str, Any]) -> bool:
+    """Everything a plain `jetson_clocks` locks is locked (the fan is not part of it: only `--fan` forces it)."""
+    return all(bool(state.get(k)) for k in LOCK_KEYS) and int(state.get("gpu_railgate_enable", 1)) == 0
+
+
+def none_locked(state: Dict[str, Any]) -> bool:
+    """Nothing of jetson_clocks is left: no lock, cpuidle on, railgating on, the fan under nvfancontrol."""
+    return (not any(bool(state.get(k)) for k in LOCK_KEYS) and int(state.get("gpu_railgate_enable", 1)) == 1
+            and bool(state.get("nvfancontrol_active", True)) and state.get("fan_pwm") is None)
+
+
+def lock_state(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "cpu_locked": bool(state.get("cpu_locked")), "gpu_locked": bool(state.get("gpu_locked")),
+        "emc_locked": bool(state.get("emc_locked")), "cpuidle_disabled": bool(state.get("cpuidle_disabled")),
+        "railgate_enabled": int(state.get("gpu_railgate_enable", 1)) == 1,
+        "nvfancontrol_active": bool(state.get("nvfancontrol_active", True)), "fan_pwm": state.get("fan_pwm"),
+        "all_locked": all_locked(state), "none_locked": none_locked(state),
+        "mode": state.get("nvpmodel_mode"), "pending_mode": state.get("nvpmodel_pending"),
+    }
+
+
+def normalize(state: Dict[str, Any]) -> None:
+    """Turn the legacy `clocks_locked` flag (set directly by tests) into the separate lock keys."""
+    legacy = state.get("clocks_locked")
+    if legacy is not None:
+        set_all_locks(state, bool(legacy))
+        state["clocks_locked"] = None
+
+
+def _sync_files(state_dir: str, state: Dict[str, Any]) -> None:
+    path = os.path.join(state_dir, RAILGATE_FILE)
+    text = f"{0 if int(state.get('gpu_railgate_enable', 1)) == 0 else 1}\n"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == text:
+                return
+    except OSError:
+        pass
+    write_text_atomic(path, text)
 
 
 def update(state_dir: str, changes: Optional[Dict[str, Any]] = None,
@@ -119,7 +196,9 @@ def update(state_dir: str, changes: Optional[Dict[str, Any]] = None,
             state.update(changes)
         if fn is not None:
             fn(state)
+        normalize(state)
         write_text_atomic(os.path.join(state_dir, STATE_FILE), json.dumps(state, indent=1, sort_keys=True) + "\n")
+        _sync_files(state_dir, state)
         return state
 
 
@@ -152,6 +231,22 @@ def proc_ppid_map() -> Dict[int, int]:
         except (IndexError, ValueError):
             continue
     return out
+
+
+def proc_start_time(pid: int) -> Optional[int]:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): with the pid it names one process
+    across pid reuse, as sudo's time stamp records do (sudoers(5): 'the start time of the session leader (or
+    parent process)')."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()  # rest[0] is field 3 (state)
+    try:
+        return int(rest[22 - 3])
+    except (IndexError, ValueError):
+        return None
 
 
 def proc_comm(pid: int) -> str:
@@ -206,8 +301,9 @@ def descendants(root_pid: int, ppids: Optional[Dict[int, int]] = None) -> List[i
     return out
 
 
-def processes_of_device(state_dir: str, names: List[str]) -> List[int]:
-    """Pids of running processes of this emulated device whose command matches `names`."""
+def processes_of_device(state_dir: str, names: Optional[List[str]]) -> List[int]:
+    """Pids of running processes of this emulated device (everything its ssh sessions started carries its
+    JETSON_EMU_STATE) whose command matches `names`; names=None: all of them."""
     found = []
     own = os.getpid()
     for entry in os.listdir("/proc"):
@@ -215,7 +311,7 @@ def processes_of_device(state_dir: str, names: List[str]) -> List[int]:
             continue
         pid = int(entry)
         argv = proc_cmdline(pid)
-        if not argv or not cmd_matches(argv, names):
+        if not argv or (names is not None and not cmd_matches(argv, names)):
             continue
         if proc_env_value(pid, STATE_ENV) == state_dir:
             found.append(pid)

@@ -8,7 +8,6 @@ Output templates live next to the code that fills them, each with the `# source:
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import random
@@ -73,7 +72,7 @@ def _verbose_param_lines(prof: Dict[str, Any], mode: Dict[str, Any], state: Dict
     style = prof["verbose"]
     gpu0 = "/sys/devices/gpu.0" if style == "r35" else "/sys/devices/platform/gpu.0"
     emc_path = "/sys/kernel/nvpmodel_emc_cap/emc_iso_cap" if style == "r35" else "/sys/kernel/nvpmodel_clk_cap/emc"
-    locked = bool(state.get("clocks_locked"))
+    cpu_locked, gpu_locked = bool(state.get("cpu_locked")), bool(state.get("gpu_locked"))
     lines = []
     for core in range(prof["cpus"]):
         val = 1 if core < mode["cores"] else 0
@@ -90,13 +89,13 @@ def _verbose_param_lines(prof: Dict[str, Any], mode: Dict[str, Any], state: Dict
         if name in seen:
             continue
         seen.append(name)
-        cpu_min = mode["cpu_max_khz"] if locked else prof["cpu_min_khz"]
+        cpu_min = mode["cpu_max_khz"] if cpu_locked else prof["cpu_min_khz"]
         lines.append(f"NVPM VERB: PARAM {name}: ARG MIN_FREQ: PATH /sys/devices/system/cpu/cpu{core}/cpufreq/"
                      f"scaling_min_freq: REAL_VAL: {cpu_min} CONF_VAL: {prof['cpu_min_khz']}")
         lines.append(f"NVPM VERB: PARAM {name}: ARG MAX_FREQ: PATH /sys/devices/system/cpu/cpu{core}/cpufreq/"
                      f"scaling_max_freq: REAL_VAL: {mode['cpu_max_khz']} CONF_VAL: {mode['cpu_max_khz']}")
     dev = prof["gpu_devfreq"]
-    gpu_min = mode["gpu_max_hz"] if locked else prof["gpu_min_hz"]
+    gpu_min = mode["gpu_max_hz"] if gpu_locked else prof["gpu_min_hz"]
     lines.append(f"NVPM VERB: PARAM GPU: ARG MIN_FREQ: PATH {dev}/min_freq: REAL_VAL: {gpu_min} CONF_VAL: 0")
     lines.append(f"NVPM VERB: PARAM GPU: ARG MAX_FREQ: PATH {dev}/max_freq: REAL_VAL: {mode['gpu_max_hz']} "
                  f"CONF_VAL: {mode['gpu_max_hz']}")
@@ -214,43 +213,59 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
             _out("NVPM ERROR: failed to set power mode!")
             return 1
         current = state["nvpmodel_mode"]
-        if target["id"] != current:
-            if P.needs_reboot(prof, current, target["id"]):
-                # source: public files, repository not resolved -- reference id 44360776697 (AGX Orin, confirmed):
-                #   NVPM WARN: Golden image context is already created
-                #   NVPM WARN: Reboot required for changing to this power mode: 0
-                #   NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:
-                #   yes
-                #   NVPM WARN: rebooting
-                # reference id 59343683172 ("declined via the interactive prompt", Orin):
-                #   ... enter YES/yes to confirm:
-                #   NVPM ERROR: optMask is 1, no request for power mode
-                # reference id 52522571082 (Thor, no golden-image line, input not YES):
-                #   NVPM ERROR: bad input!
-                #   NVPM ERROR: optMask is 1, no request for power mode
-                if prof.get("golden_image_warning"):
-                    _out("NVPM WARN: Golden image context is already created")
-                _out(f"NVPM WARN: Reboot required for changing to this power mode: {target['id']}")
-                _out("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:")
-                answer = sys.stdin.readline()
-                if answer.strip() in ("YES", "yes"):
-                    _out("NVPM WARN: rebooting")
-                    S.update(state_dir, {"nvpmodel_pending": target["id"]},
-                             fn=lambda s: S.add_event(s, "nvpmodel_pending", mode=target["id"]))
-                    request_reboot(state_dir, f"nvpmodel -m {target['id']}")
-                    return 0
-                if answer.strip().lower() not in ("no", "n"):
-                    _out("NVPM ERROR: bad input!")
-                _out("NVPM ERROR: optMask is 1, no request for power mode")
-                return 1
-            # A live switch rewrites the CPU/GPU/EMC min/max caps: a jetson_clocks lock is lost (jtop re-applies it
-            # around a mode change for that reason, jtop-api.md).
-            S.update(state_dir, {"nvpmodel_mode": target["id"], "nvpmodel_pending": None, "clocks_locked": False},
-                     fn=lambda s: S.add_event(s, "nvpmodel_mode", mode=target["id"]))
+        if target["id"] != current and P.needs_reboot(prof, current, target["id"]):
+            # source: public files, repository not resolved -- reference id 44360776697 (AGX Orin, confirmed):
+            #   NVPM WARN: Golden image context is already created
+            #   NVPM WARN: Reboot required for changing to this power mode: 0
+            #   NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:
+            #   yes
+            #   NVPM WARN: rebooting
+            # reference id 59343683172 ("declined via the interactive prompt", Orin):
+            #   ... enter YES/yes to confirm:
+            #   NVPM ERROR: optMask is 1, no request for power mode
+            # reference id 52522571082 (Thor, no golden-image line, input not YES):
+            #   NVPM ERROR: bad input!
+            #   NVPM ERROR: optMask is 1, no request for power mode
+            if prof.get("golden_image_warning"):
+                _out("NVPM WARN: Golden image context is already created")
+            _out(f"NVPM WARN: Reboot required for changing to this power mode: {target['id']}")
+            _out("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:")
+            answer = sys.stdin.readline()
+            # Accepted or not, the target is recorded as the mode of the next boot (state nvpmodel_pending and
+            # /var/lib/nvpmodel/status = pmode:<target>), and the running mode is unchanged until that boot.
+            # source: issue 11 statement (a declined reboot leaves the mode pending: the next reboot of any kind
+            # boots into it). Note: third-party evidence (research notes section 3.2: almond-bot/axol
+            # almond_axol/utils/jetson.py @3d3c09c, "Declining the reboot prompt CANCELS the switch -- nvpmodel
+            # records nothing") suggests the opposite; the emulator follows the issue's description of L4T.
+            S.update(state_dir, {"nvpmodel_pending": target["id"]},
+                     fn=lambda s: S.add_event(s, "nvpmodel_pending", mode=target["id"],
+                                              accepted=answer.strip() in ("YES", "yes")))
             write_nvpmodel_status(state_dir, target["id"])
+            if answer.strip() in ("YES", "yes"):
+                _out("NVPM WARN: rebooting")
+                request_reboot(state_dir, f"nvpmodel -m {target['id']}")
+                return 0
+            if answer.strip().lower() not in ("no", "n"):
+                _out("NVPM ERROR: bad input!")
+            _out("NVPM ERROR: optMask is 1, no request for power mode")
+            return 1
+        # A live switch (or re-applying the running mode) writes what the mode's PARAM lines list: CPU online,
+        # CPU/GPU MIN_FREQ/MAX_FREQ, the EMC cap, TPC mask, GPU power/control (research notes section 2.1, from the
+        # AGX Orin JP5 `nvpmodel -p --verbose` and the R36.4.3 verbose dump). So the CPU and GPU min=max locks of
+        # jetson_clocks are undone (min goes back to the conf's MIN_FREQ). No PARAM touches cpuidle/stateN/disable,
+        # the debugfs EMC mrq_rate_locked or railgate_enable: those stay as jetson_clocks left them
+        # (source: issue 11 statement, "nvpmodel -m N does not undo what jetson_clocks locked: the EMC rate lock
+        # (mrq_rate_locked), disabled cpuidle states and GPU railgating stay"). The fan is not a PARAM either.
+        # Writing the status file replaces a pending mode: `nvpmodel -m <running id>` cancels it.
+        S.update(state_dir, {"nvpmodel_mode": target["id"], "nvpmodel_pending": None, "cpu_locked": False,
+                             "gpu_locked": False},
+                 fn=lambda s: S.add_event(s, "nvpmodel_mode", mode=target["id"]))
+        write_nvpmodel_status(state_dir, target["id"])
         state = S.load(state_dir)
 
     if query:
+        # the running mode, also while another one is pending (issue 11 statement: "`nvpmodel -q` reports the
+        # running mode"; the research notes, section 3.2, infer from a third party that -q may read the status file)
         mode = P.mode_by_id(prof, state["nvpmodel_mode"])
         if verbose:
             # source: nvpmodel-verbose.txt (`-q --verbose` header) / UNRESOLVED-provenance.txt (R36.4.3):
@@ -278,23 +293,31 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
 # ======================================================================================= jetson_clocks
 
 def _clock_values(prof: Dict[str, Any], state: Dict[str, Any]) -> Dict[str, Any]:
+    """What --show prints, per knob (research notes section 1.3: each lock is its own sysfs/debugfs file)."""
     mode = P.mode_by_id(prof, state["nvpmodel_mode"])
-    locked = bool(state.get("clocks_locked"))
+    cpu_l, gpu_l, emc_l = bool(state.get("cpu_locked")), bool(state.get("gpu_locked")), bool(state.get("emc_locked"))
     rng = random.Random()
     cpu_steps = [prof["cpu_min_khz"], 883200, 1036800, 1190400, mode["cpu_max_khz"]]
-    cpu_cur = [mode["cpu_max_khz"] if locked else rng.choice([s for s in cpu_steps if s <= mode["cpu_max_khz"]])
+    cpu_cur = [mode["cpu_max_khz"] if cpu_l else rng.choice([s for s in cpu_steps if s <= mode["cpu_max_khz"]])
                for _ in range(prof["cpus"])]
     emc_idle = min(mode["emc_max_hz"], 2133000000) if prof["soc"] == "tegra234" else prof["emc_min_hz"]
+    # EMC locked: mrq_rate_locked=1 and the rate written at the cap (do_emc: `cat <max> > .../emc/rate`); after a
+    # later `nvpmodel -m` the cap is the new mode's and the rate follows it (emulator assumption: research notes
+    # section 2.1 / unresolved item 4 -- how BPMP treats a locked rate under a new cap is undocumented).
+    fan_auto = prof["fan_pwm"]
     return {
-        "mode": mode, "locked": locked,
-        "cpu_min": mode["cpu_max_khz"] if locked else prof["cpu_min_khz"], "cpu_max": mode["cpu_max_khz"],
+        "mode": mode, "cpu_locked": cpu_l, "gpu_locked": gpu_l, "emc_locked": emc_l,
+        "locked": S.all_locked(state),
+        "cpu_min": mode["cpu_max_khz"] if cpu_l else prof["cpu_min_khz"], "cpu_max": mode["cpu_max_khz"],
         "cpu_cur": cpu_cur,
-        "gpu_min": mode["gpu_max_hz"] if locked else prof["gpu_min_hz"], "gpu_max": mode["gpu_max_hz"],
-        "gpu_cur": mode["gpu_max_hz"] if locked else prof["gpu_min_hz"],
-        "emc_min": mode["emc_max_hz"] if locked else prof["emc_min_hz"], "emc_max": mode["emc_max_hz"],
-        "emc_cur": mode["emc_max_hz"] if locked else emc_idle,
-        "idle": 0 if locked else 1,
-        "fan": prof["fan_pwm_locked"] if locked else (state.get("fan_pwm") or prof["fan_pwm"]),
+        "gpu_min": mode["gpu_max_hz"] if gpu_l else prof["gpu_min_hz"], "gpu_max": mode["gpu_max_hz"],
+        "gpu_cur": mode["gpu_max_hz"] if gpu_l else prof["gpu_min_hz"],
+        "emc_min": mode["emc_max_hz"] if emc_l else prof["emc_min_hz"], "emc_max": mode["emc_max_hz"],
+        "emc_cur": mode["emc_max_hz"] if emc_l else emc_idle,
+        # cpuidle `IdleStates: WFI=<1 if enabled>` (`idle_states+="=$((idle_disable == 0)) "`)
+        "idle": 0 if state.get("cpuidle_disabled") else 1,
+        "fan": state.get("fan_pwm") if state.get("fan_pwm") is not None else fan_auto,
+        "fan_active": bool(state.get("nvfancontrol_active", True)),
     }
 
 
@@ -320,8 +343,44 @@ def _show_r36(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
     lines.append(f"GPU MinFreq={v['gpu_min']} MaxFreq={v['gpu_max']} CurrentFreq={v['gpu_cur']}")
     lines.append(f"Active GPU TPCs: {mode['active_tpcs']}")
     lines.append(f"EMC MinFreq={v['emc_min']} MaxFreq={v['emc_max']} CurrentFreq={v['emc_cur']} "
-                 f"FreqOverride={1 if v['locked'] else 0}")
+                 f"FreqOverride={1 if v['emc_locked'] else 0}")
+    # emulator assumption: the R36 script's fan line keeps 'nvfancontrol' also when --fan stopped the service (no
+    # capture of that case); only the pwm changes (255 after --fan, JC-2023 do_fan).
     lines.append(f"FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1={v['fan']}")
+    lines.append(f"NV Power Mode: {mode['name']}")
+    return lines
+
+
+def _show_r39(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
+    # source: jetson_clocks-show.txt, vdavid21/edge-inference-benchmark-lab @7eb0b09 env-jetson-orin-20260919T113300Z.md
+    #   (Orin Nano Super, L4T R39.2.1, 25W, unlocked; trailing spaces kept; no 'Online=', no FreqOverride):
+    #   SOC family:tegra234  Machine:NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super
+    #   Online CPUs: 0-5, Offline CPUs: 
+    #   cpu0:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=960000 IdleStates: WFI=1 c7=1 
+    #   GPU MinFreq=306000000 MaxFreq=918000000 CurrentFreq=306000000
+    #   Active GPU TPCs: 4
+    #   EMC MinFreq=204000000 MaxFreq=3199000000 CurrentFreq=665600000
+    #   FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1=60
+    #   FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1_enable=1
+    #   NV Power Mode: 25W
+    # source (locked): UNRESOLVED-provenance.txt, AGX Orin R39.2.0 with jetson_clocks active: 'IdleStates: WFI=0 c7=0',
+    #   'GPU MinFreq=1300500000 MaxFreq=1300500000 CurrentFreq=1300500000', 'EMC MinFreq=3199000000 MaxFreq=3199000000
+    #   CurrentFreq=3199000000' (locked EMC: MinFreq == MaxFreq == CurrentFreq).
+    v = _clock_values(prof, state)
+    mode = v["mode"]
+    online = list(range(mode["cores"]))
+    offline = [c for c in range(prof["cpus"]) if c not in online]
+    lines = [f"SOC family:{prof['soc']}  Machine:{prof['device_tree_model']}",
+             f"Online CPUs: {P.cpu_ranges(online)}, Offline CPUs: " + (P.cpu_ranges(offline) if offline else "")]
+    for core in online:  # emulator assumption: offline cores print no line (the Thor R38 new-format capture)
+        lines.append(f"{'cpu%d:' % core:<6} Governor=schedutil MinFreq={v['cpu_min']} MaxFreq={v['cpu_max']} "
+                     f"CurrentFreq={v['cpu_cur'][core]} IdleStates: WFI={v['idle']} c7={v['idle']} ")
+    lines.append(f"GPU MinFreq={v['gpu_min']} MaxFreq={v['gpu_max']} CurrentFreq={v['gpu_cur']}")
+    lines.append(f"Active GPU TPCs: {mode['active_tpcs']}")
+    lines.append(f"EMC MinFreq={v['emc_min']} MaxFreq={v['emc_max']} CurrentFreq={v['emc_cur']}")
+    lines.append(f"FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1={v['fan']}")
+    # emulator assumption: pwm1_enable 1 under nvfancontrol (captured), 1 (manual) also after --fan
+    lines.append("FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1_enable=1")
     lines.append(f"NV Power Mode: {mode['name']}")
     return lines
 
@@ -353,14 +412,15 @@ def _show_r35_agx(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
                      f"CurrentFreq={v['cpu_cur'][core]} IdleStates: WFI={v['idle']} c7={v['idle']} ")
     lines.append(f"GPU MinFreq={v['gpu_min']} MaxFreq={v['gpu_max']} CurrentFreq={v['gpu_cur']}")
     lines.append(f"EMC MinFreq={v['emc_min']} MaxFreq={v['emc_max']} CurrentFreq={v['emc_cur']} "
-                 f"FreqOverride={1 if v['locked'] else 0}")
+                 f"FreqOverride={1 if v['emc_locked'] else 0}")
     lines.append(f"DLA0_CORE:   Online=1 MinFreq=0 MaxFreq={mode['dla_core_hz']} CurrentFreq={mode['dla_core_hz']}")
     lines.append(f"DLA0_FALCON: Online=1 MinFreq=0 MaxFreq={mode['dla_falcon_hz']} CurrentFreq={mode['dla_falcon_hz']}")
     lines.append(f"DLA1_CORE:   Online=1 MinFreq=0 MaxFreq={mode['dla_core_hz']} CurrentFreq={mode['dla_core_hz']}")
     lines.append(f"DLA1_FALCON: Online=1 MinFreq=0 MaxFreq={mode['dla_falcon_hz']} CurrentFreq={mode['dla_falcon_hz']}")
     lines.append(f"PVA0_VPS0: Online=1 MinFreq=0 MaxFreq={mode['pva_vps_hz']} CurrentFreq={mode['pva_vps_hz']}")
     lines.append(f"PVA0_AXI:  Online=1 MinFreq=0 MaxFreq={mode['pva_axi_hz']} CurrentFreq={mode['pva_axi_hz']}")
-    lines.append(f"FAN Dynamic Speed control=active hwmon2_pwm1={v['fan']}")
+    # JC-2023 do_fan show: "FAN Dynamic Speed control=${NVFANCONTROL_STATUS} ..." (`systemctl is-active nvfancontrol`)
+    lines.append(f"FAN Dynamic Speed control={'active' if v['fan_active'] else 'inactive'} hwmon2_pwm1={v['fan']}")
     lines.append(f"NV Power Mode: {mode['name']}")
     return lines
 
@@ -385,7 +445,6 @@ def _show_r38_thor(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
     # emulator assumption: the unlocked values (min 972000 / 314000000, current idle values).
     v = _clock_values(prof, state)
     mode = v["mode"]
-    locked = v["locked"]
     online = list(range(mode["cores"]))
     offline = [c for c in range(prof["cpus"]) if c not in online]
     lines = [f"SOC family:{prof['soc']}  Machine:{prof['device_tree_model']}",
@@ -395,10 +454,11 @@ def _show_r38_thor(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
                      f"CurrentFreq={v['cpu_cur'][core]} IdleStates: WFI={v['idle']} cc7={v['idle']}")
     nvd = mode["nvd_max_hz"]
     lines.append(f"gpu-gpc-0 MinFreq={v['gpu_min']} MaxFreq={v['gpu_max']} CurrentFreq={v['gpu_cur']}")
-    lines.append(f"gpu-nvd-0 MinFreq={nvd if locked else prof['gpu_min_hz']} MaxFreq={nvd} "
-                 f"CurrentFreq={nvd if locked else prof['gpu_min_hz']}")
+    gl, el = v["gpu_locked"], v["emc_locked"]
+    lines.append(f"gpu-nvd-0 MinFreq={nvd if gl else prof['gpu_min_hz']} MaxFreq={nvd} "
+                 f"CurrentFreq={nvd if gl else prof['gpu_min_hz']}")
     lines.append(f"EMC MinFreq={prof['emc_min_hz']} MaxFreq={mode['emc_max_hz']} "
-                 f"CurrentFreq={mode['emc_max_hz'] if locked else prof['emc_min_hz']} FreqOverride={1 if locked else 0}")
+                 f"CurrentFreq={mode['emc_max_hz'] if el else prof['emc_min_hz']} FreqOverride={1 if el else 0}")
     lines.append("PVA0_VPS0: Online=0 MinFreq=0 MaxFreq=1215000000 CurrentFreq=1215000000")
     lines.append("PVA0_AXI:  Online=0 MinFreq=0 MaxFreq=909000000 CurrentFreq=909000000")
     lines.append(f"FAN Dynamic Speed Control=nvfancontrol hwmon1_pwm1={v['fan']}")
@@ -407,29 +467,107 @@ def _show_r38_thor(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
     return lines
 
 
-_SHOW = {"r36": _show_r36, "r35_agx": _show_r35_agx, "r38_thor": _show_r38_thor}
+_SHOW = {"r36": _show_r36, "r35_agx": _show_r35_agx, "r38_thor": _show_r38_thor, "r39": _show_r39}
 
 
-def _store_text(prof: Dict[str, Any], state: Dict[str, Any]) -> str:
-    """`jetson_clocks --store` file: one `sysfs_path:value` per line (the l4t_dfs.conf layout, sysfs-paths.md
-    section 1 cites a `jetson_clocks --store` output for its Nano GPU paths). Values: emulator."""
+RAILGATE_PATH = "/sys/devices/platform/gpu.0/railgate_enable"  # JC-2023 do_igpu: GPU_RAIL_GATE
+EMC_LOCK_PATH = "/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked"  # JC-2023 do_emc: EMC_FREQ_OVERRIDE
+CPUIDLE_STATES = ("WFI", "c7")  # cpuN/cpuidle/state0 = WFI, state1 = c7 (the --show captures: 'IdleStates: WFI=1 c7=1')
+
+
+def _fan_status_file(home: str) -> str:
+    # JC-2023: FAN_STATUS_FILE="${HOME}/.jetsonclocks_fan.txt" (under sudo: root's home)
+    return os.path.join(home, ".jetsonclocks_fan.txt")
+
+
+def _store_text(prof: Dict[str, Any], state: Dict[str, Any], home: str) -> str:
+    """`jetson_clocks --store` file: what NVIDIA's script stores, one `path:value` line each (JC-2023, research notes
+    section 1.3; store() is `echo "${file}:$(cat ${file})" >>"${CONF_FILE}"`), in the script's order:
+    do_hotplug cpuN/online; do_cpu every scaling_min_freq then every cpuidle/stateM/disable; do_igpu devfreq min_freq
+    and railgate_enable; do_emc only mrq_rate_locked (NOT the rate); do_fan the fan status file (it holds
+    `systemctl is-active nvfancontrol`)."""
     v = _clock_values(prof, state)
+    cores = v["mode"]["cores"]
     lines = []
     for core in range(prof["cpus"]):
-        base = f"/sys/devices/system/cpu/cpu{core}"
-        lines.append(f"{base}/online:{1 if core < v['mode']['cores'] else 0}")
-        lines.append(f"{base}/cpufreq/scaling_min_freq:{v['cpu_min']}")
-        lines.append(f"{base}/cpufreq/scaling_max_freq:{v['cpu_max']}")
-        lines.append(f"{base}/cpufreq/scaling_governor:schedutil")
-    dev = prof["gpu_devfreq"]
-    lines.append(f"{dev}/min_freq:{v['gpu_min']}")
-    lines.append(f"{dev}/max_freq:{v['gpu_max']}")
-    lines.append(f"/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked:{1 if v['locked'] else 0}")
-    lines.append(f"/sys/kernel/debug/bpmp/debug/clk/emc/rate:{v['emc_cur']}")
+        lines.append(f"/sys/devices/system/cpu/cpu{core}/online:{1 if core < cores else 0}")
+    for core in range(prof["cpus"]):
+        lines.append(f"/sys/devices/system/cpu/cpu{core}/cpufreq/scaling_min_freq:{v['cpu_min']}")
+    for core in range(prof["cpus"]):
+        for idx, _ in enumerate(CPUIDLE_STATES):
+            lines.append(f"/sys/devices/system/cpu/cpu{core}/cpuidle/state{idx}/disable:{1 - v['idle']}")
+    lines.append(f"{prof['gpu_devfreq']}/min_freq:{v['gpu_min']}")
+    lines.append(f"{RAILGATE_PATH}:{0 if int(state.get('gpu_railgate_enable', 1)) == 0 else 1}")
+    lines.append(f"{EMC_LOCK_PATH}:{1 if v['emc_locked'] else 0}")
+    lines.append(f"{_fan_status_file(home)}:{'active' if v['fan_active'] else 'inactive'}")
     return "\n".join(lines) + "\n"
 
 
+def _restore(prof: Dict[str, Any], path: str, state_dir: str) -> None:
+    """`restore()` writes every stored value back, then `fan_restore` starts/stops nvfancontrol per the stored status."""
+    values: Dict[str, str] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            key, sep, value = line.strip().partition(":")  # the script: `cut -f1 -d :` / `cut -f2 -d :`
+            if sep:
+                values[key] = value.split(":")[0]
+
+    def apply(s: Dict[str, Any]) -> None:
+        mode = P.mode_by_id(prof, s["nvpmodel_mode"])
+        mins = [int(v) for k, v in values.items() if k.endswith("/cpufreq/scaling_min_freq") and v.isdigit()]
+        if mins:  # the kernel clamps min to max: a stored min >= the running cap is a lock
+            s["cpu_locked"] = min(mins) >= mode["cpu_max_khz"]
+        gpu_min = values.get(f"{prof['gpu_devfreq']}/min_freq")
+        if gpu_min is not None and gpu_min.isdigit():
+            s["gpu_locked"] = int(gpu_min) >= mode["gpu_max_hz"]
+        idle = [v for k, v in values.items() if "/cpuidle/state" in k and k.endswith("/disable")]
+        if idle:
+            s["cpuidle_disabled"] = any(v.strip() == "1" for v in idle)
+        if RAILGATE_PATH in values:
+            s["gpu_railgate_enable"] = 0 if values[RAILGATE_PATH].strip() == "0" else 1
+        if EMC_LOCK_PATH in values:
+            s["emc_locked"] = values[EMC_LOCK_PATH].strip() == "1"
+        fan = [v for k, v in values.items() if k.endswith("/.jetsonclocks_fan.txt")]
+        if fan:
+            active = fan[0].strip() == "active"
+            s["nvfancontrol_active"] = active
+            if active:  # nvfancontrol takes the pwm over again
+                s["fan_pwm"] = None
+        S.add_event(s, "clocks_restored", file=path, all_locked=S.all_locked(s), none_locked=S.none_locked(s))
+
+    S.update(state_dir, fn=apply)
+    for key, value in values.items():
+        if key.endswith("/.jetsonclocks_fan.txt") and os.path.isdir(os.path.dirname(key)):
+            S.write_text_atomic(key, value + "\n")  # restore() writes every stored path back, this file too
+
+
+_JC_USAGE = "usage: jetson_clocks [--show] [--store [file]] [--restore [file]] [--fan]"  # emulator text
+
+
 def jetson_clocks(args: List[str], state_dir: str) -> int:
+    # argument parsing as NVIDIA's script (JC-2023 main): --show/--store/--restore set ACTION, --store/--restore
+    # take the next word as the file when there is one, --fan only sets FAN_SPEED_OVERRIDE (so `jetson_clocks --fan`
+    # locks everything AND forces the fan).
+    action, conf, fan_override = "", None, False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--show":
+            action = "show"
+        elif arg in ("--store", "--restore"):
+            action = arg[2:]
+            if i + 1 < len(args) and args[i + 1]:
+                conf = args[i + 1]
+            i += 1
+        elif arg == "--fan":
+            fan_override = True
+        elif arg in ("-h", "--help"):
+            _out(_JC_USAGE)
+            return 0
+        else:
+            _out(_JC_USAGE)
+            return 1
+        i += 1
     state = S.load(state_dir)
     if not S.is_root(state):
         # source: README.md ('Needs root (message `Error: Run this script(/usr/bin/jetson_clocks) as a root user`')
@@ -438,22 +576,12 @@ def jetson_clocks(args: List[str], state_dir: str) -> int:
     prof = P.profile(state["module"])
     home = os.environ.get("HOME") or state_dir
     default_conf = os.path.join(home, "l4t_dfs.conf")
-    if not args:
-        if not os.path.exists(default_conf):
-            S.write_text_atomic(default_conf, _store_text(prof, state))
-        S.update(state_dir, {"clocks_locked": True}, fn=lambda s: S.add_event(s, "clocks_locked"))
-        if prof["key"] == "thor":
-            # source: public file, repository not resolved, reference id 44448955983 (`sudo jetson_clocks` on Thor)
-            _out("Enabled Legacy persistence mode for GPU 00000000:01:00.0.")
-            _out("All done.")
-        return 0
-    action = args[0]
-    if action == "--show":
+    path = conf or default_conf
+    if action == "show":
         for line in _SHOW[prof["clocks_show"]](prof, state):
             _out(line)
         return 0
-    if action == "--store":
-        path = args[1] if len(args) > 1 else default_conf
+    if action == "store":
         if os.path.exists(path):
             # source: NVIDIA's jetson_clocks script (Copyright 2015-2020, public copy in
             # VictorySpecificationII/jetson_prometheus_exporter-docker, file `jetson_clocks`, function main; the
@@ -468,34 +596,33 @@ def jetson_clocks(args: List[str], state_dir: str) -> int:
                 _out(f"Error: file {path} already exists!")
                 return 1
             os.remove(path)
-        S.write_text_atomic(path, _store_text(prof, state))
+        text = _store_text(prof, state, home)
+        S.write_text_atomic(path, text)
+        try:  # do_fan store: `echo "${NVFANCONTROL_STATUS}" >"${FAN_STATUS_FILE}"`
+            S.write_text_atomic(_fan_status_file(home), ("active" if state.get("nvfancontrol_active", True)
+                                                         else "inactive") + "\n")
+        except OSError:
+            pass
         return 0
-    if action == "--restore":
-        path = args[1] if len(args) > 1 else default_conf
+    if action == "restore":
         if not os.path.exists(path):
-            _out(f"Error: {path} file not found!")  # emulator text
+            # source: JC-2023 main (research notes section 1.2): echo "Error: $CONF_FILE file not found !"; exit 1
+            _out(f"Error: {path} file not found !")
             return 1
-        values = {}
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.strip().rpartition(":")
-                values[key] = value
-        dev = prof["gpu_devfreq"]
-        try:
-            locked = values[f"{dev}/min_freq"] == values[f"{dev}/max_freq"]
-        except KeyError:
-            _out(f"Error: {path} is not a jetson_clocks store file")  # emulator text
-            return 1
-        S.update(state_dir, {"clocks_locked": locked}, fn=lambda s: S.add_event(s, "clocks_restored", locked=locked))
+        _restore(prof, path, state_dir)
         return 0
-    if action == "--fan":
-        S.update(state_dir, {"fan_pwm": 255})
-        return 0
-    if action in ("-h", "--help"):
-        _out("usage: jetson_clocks [--show] [--store [file]] [--restore [file]] [--fan]")  # emulator text
-        return 0
-    _out("usage: jetson_clocks [--show] [--store [file]] [--restore [file]] [--fan]")
-    return 1
+    # no action: lock (research notes section 1.3): do_cpu min=max + every cpuidle state disabled, do_igpu
+    # railgate_enable=0 + min_freq=max_freq, do_emc mrq_rate_locked=1 + rate=cap; do_fan only with --fan:
+    # `systemctl stop nvfancontrol` and pwm 255 (JC-2023).
+    if not os.path.exists(default_conf):
+        S.write_text_atomic(default_conf, _store_text(prof, state, home))
+    S.update(state_dir, fn=lambda s: (S.set_all_locks(s, True, fan=fan_override),
+                                      S.add_event(s, "clocks_locked", fan=fan_override)))
+    if prof["key"] == "thor":
+        # source: public file, repository not resolved, reference id 44448955983 (`sudo jetson_clocks` on Thor)
+        _out("Enabled Legacy persistence mode for GPU 00000000:01:00.0.")
+        _out("All done.")
+    return 0
 
 
 # ========================================================================================== tegrastats
@@ -534,7 +661,9 @@ class Sampler:
     def sample(self, state: Dict[str, Any]) -> Dict[str, Any]:
         prof, rng = self.prof, self.rng
         mode = P.mode_by_id(prof, state["nvpmodel_mode"])
-        locked = bool(state.get("clocks_locked"))
+        locked = S.all_locked(state)
+        cpu_locked, gpu_locked, emc_locked = (bool(state.get("cpu_locked")), bool(state.get("gpu_locked")),
+                                              bool(state.get("emc_locked")))
         busy = self._busy(state)
         if state.get("gpu_load_pct") is not None:
             gpu = float(state["gpu_load_pct"])
@@ -555,7 +684,7 @@ class Sampler:
                 cpus.append(None)
                 continue
             load = int(max(0, min(100, rng.gauss(cpu_base, cpu_spread))))
-            if locked or load > 40:
+            if cpu_locked or load > 40:
                 mhz = mode["cpu_max_khz"] // 1000
             else:
                 mhz = prof["cpu_min_khz"] // 1000
@@ -563,12 +692,12 @@ class Sampler:
         online = [c for c in cpus if c is not None]
         cpu_avg = sum(c[0] for c in online) / max(1, len(online))
         gpu_max_mhz = mode["gpu_max_hz"] // 1000000
-        if locked or gpu >= 5:
+        if gpu_locked or gpu >= 5:
             gpu_mhz = gpu_max_mhz
         else:
             gpu_mhz = prof["gpu_min_hz"] // 1000000
         emc_max_mhz = mode["emc_max_hz"] // 1000000
-        emc_mhz = emc_max_mhz if (locked or busy or gpu >= 20) else (prof["emc_min_hz"] // 1000000 if prof["key"] == "thor"
+        emc_mhz = emc_max_mhz if (emc_locked or busy or gpu >= 20) else (prof["emc_min_hz"] // 1000000 if prof["key"] == "thor"
                                                                       else min(emc_max_mhz, 2133) if prof["key"] == "agx_orin"
                                                                       else 665)
         emc_load = int(min(99, gpu * 0.4 + cpu_avg * 0.05 + rng.uniform(0, 2)))
@@ -616,6 +745,38 @@ def _line_orin_jp6(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
     # source: tegrastats-orin-nano.txt, beszel 'orin nano' (JP6, WITHOUT root: no EMC_FREQ, GR3D_FREQ without @, no engines):
     # 06-18-2025 11:25:24 RAM 3452/7620MB (lfb 25x4MB) SWAP 1518/16384MB (cached 174MB) CPU [1%@1420,2%@1420,0%@1420,2%@1420,2%@729,1%@729] GR3D_FREQ 0% cpu@50.031C soc2@49.031C soc0@50C gpu@49.031C tj@50.25C soc1@50.25C VDD_IN 4824mW/4824mW VDD_CPU_GPU_CV 518mW/518mW VDD_SOC 1475mW/1475mW
     return f"{head} GR3D_FREQ {v['gpu']}% {temps} {rail_txt}"
+
+
+def _line_orin_r39(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
+    prof, h = s.prof, v["heat"]
+    gpu_f = v["gpu_mhz"] / 918.0
+    cgc = 480 + 22 * v["cpu_avg"] + 68 * v["gpu"] * gpu_f + (250 if v["locked"] else 0)
+    soc = 1127 + 20 * v["gpu"] + 3 * v["emc_load"] + (150 if v["locked"] else 0)
+    two = s.rails({"VDD_IN": (cgc + soc) * 1.25 + 2050, "VDD_CPU_GPU_CV": cgc, "VDD_SOC": soc})
+    maxes = s.__dict__.setdefault("maxes", {})
+    rails = {}
+    for name, text in two.items():  # R39: cur/avg/max
+        cur = int(text.split("/")[0][:-2])
+        maxes[name] = max(maxes.get(name, 0), cur)
+        rails[name] = f"{text}/{maxes[name]}mW"
+    t = {"cpu": 45.8 + h, "soc2": 44.8 + h * 0.9, "soc0": 46.1 + h * 0.8, "gpu": 46.8 + h * 1.1, "soc1": 46.3 + h * 0.85}
+    t["tj"] = max(t.values())
+    temps = []
+    for name in ("cpu", "soc2", "soc0", "gpu", "tj", "soc1"):  # R39: cur/max per zone
+        key = "t_" + name
+        maxes[key] = max(maxes.get(key, -300.0), t[name])
+        temps.append(f"{name}@{_fmt_temp(t[name])}C/{_fmt_temp(maxes[key])}C")
+    rail_txt = f"VDD_IN {rails['VDD_IN']} VDD_CPU_GPU_CV {rails['VDD_CPU_GPU_CV']} VDD_SOC {rails['VDD_SOC']}"
+    head = f"{ts} RAM {v['ram_used']}/{prof['ram_total_mb']}MB (lfb {v['lfb']}) CPU [{_cpu_list(v['cpus'])}]"
+    if root:
+        # source: tegrastats-orin-nano.txt, vdavid21/edge-inference-benchmark-lab @7eb0b09 (Orin Nano Super, R39.2.1,
+        #   root; no SWAP field, engines NVDEC0/NVJPG0/NVJPG1, cur/max temperatures, cur/avg/max rails):
+        # 09-19-2026 13:33:02 RAM 2850/7486MB (lfb 33x4MB) CPU [2%@729,0%@729,0%@729,0%@729,1%@729,0%@729] EMC_FREQ 5%@665 GR3D_FREQ 0%@[305] NVDEC0 off NVJPG0 off NVJPG1 off VIC off OFA off APE 200 cpu@45.812C/45.812C soc2@44.843C/44.843C soc0@46.093C/46.093C gpu@46.843C/46.843C tj@46.843C/46.843C soc1@46.281C/46.281C VDD_IN 3582mW/3582mW/3582mW VDD_CPU_GPU_CV 523mW/523mW/523mW VDD_SOC 1127mW/1127mW/1127mW
+        return (f"{head} EMC_FREQ {v['emc_load']}%@{v['emc_mhz']} GR3D_FREQ {v['gpu']}%@[{v['gpu_mhz']}] "
+                f"NVDEC0 off NVJPG0 off NVJPG1 off VIC off OFA off APE 200 {' '.join(temps)} {rail_txt}")
+    # emulator assumption: non-root R39 Orin Nano line = the root line without EMC_FREQ, GR3D_FREQ's '@' and the
+    # engines (as on JP6, tegrastats-orin-nano.txt beszel 'orin nano'); no R39 non-root Orin Nano capture
+    return f"{head} GR3D_FREQ {v['gpu']}% {' '.join(temps)} {rail_txt}"
 
 
 def _line_agx_orin_jp5(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
@@ -677,7 +838,7 @@ def _line_thor_r38(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
 
 
 _TEGRASTATS_LINES: Dict[str, Callable[[Sampler, Dict[str, Any], bool, str], str]] = {
-    "orin_jp6": _line_orin_jp6, "agx_orin_jp5": _line_agx_orin_jp5, "thor_r38": _line_thor_r38,
+    "orin_jp6": _line_orin_jp6, "orin_r39": _line_orin_r39, "agx_orin_jp5": _line_agx_orin_jp5, "thor_r38": _line_thor_r38,
 }
 
 
@@ -794,8 +955,90 @@ def _read_line_unbuffered(fd: int = 0) -> Optional[str]:
         data += chunk
 
 
+def _sudo_record_key() -> str:
+    """The time stamp record this sudo call uses (sudoers(5) timestamp_type; default `tty`, sudo configure.ac):
+    with a controlling terminal one record per terminal (+ session id and the session leader's start time);
+    "If no terminal is present, the behavior is the same as ppid": one record per parent process, identified by its
+    pid and its start time (/proc/<ppid>/stat field 22) so that a reused pid does not inherit it. Research notes
+    section 4. Over ssh every exec channel of one connection is forked by the same per-connection sshd process, so
+    `ssh host 'sudo ...'` calls on one connection (shell exec'ing sudo directly) share a record, other connections
+    do not -- that is also what real sudo does."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            data = fh.read()
+        rest = data[data.rfind(b")") + 2:].split()  # rest[0] = field 3
+        sid, tty_nr = int(rest[6 - 3]), int(rest[7 - 3])
+    except (OSError, IndexError, ValueError):
+        sid, tty_nr = 0, 0
+    if tty_nr:
+        return f"tty:{tty_nr}:sid={sid}:{S.proc_start_time(sid)}"
+    ppid = os.getppid()
+    return f"ppid:{ppid}:{S.proc_start_time(ppid)}"
+
+
+def _sudo_record_valid(state: Dict[str, Any], key: str, now: float) -> bool:
+    stamp = (state.get("sudo_timestamps") or {}).get(key)
+    if stamp is None:
+        return False
+    timeout = float(state.get("sudo_timestamp_timeout_s") if state.get("sudo_timestamp_timeout_s") is not None
+                    else 900.0)
+    if timeout == 0:  # sudoers(5) timestamp_timeout: "Set this to 0 to always prompt for a password"
+        return False
+    if timeout < 0:  # "a value less than 0 ... will not expire until the system is rebooted"
+        return True
+    return now - float(stamp) < timeout
+
+
+def _set_sudo_record(state_dir: str, key: Optional[str], stamp: Optional[float], clear_all: bool = False) -> None:
+    def fn(s: Dict[str, Any]) -> None:
+        records = {} if clear_all else dict(s.get("sudo_timestamps") or {})
+        if key is not None:
+            if stamp is None:
+                records.pop(key, None)
+            else:
+                records[key] = stamp
+        s["sudo_timestamps"] = records
+
+    S.update(state_dir, fn=fn)
+
+
+def _tty_password(prompt: str) -> Optional[str]:
+    """Read a password from /dev/tty with echo off. The mode is changed without flushing pending input (unlike
+    Python's getpass, which uses TCSAFLUSH): what was typed before sudo started reading stays and is used, and the
+    pty line discipline has already echoed it (research notes section 4, tgetpass.c: sudo switches echo off when it
+    starts reading; type-ahead was echoed before -- emulator assumption that nothing is flushed)."""
+    import termios
+
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        os.write(fd, prompt.encode())
+        old = termios.tcgetattr(fd)
+        new = list(old)
+        new[3] &= ~termios.ECHO
+        termios.tcsetattr(fd, termios.TCSADRAIN, new)
+        try:
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = os.read(fd, 1)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, old)
+            os.write(fd, b"\n")
+        if not data:
+            return None
+        return data.decode("utf-8", "replace").rstrip("\r\n")
+    finally:
+        os.close(fd)
+
+
 def sudo(args: List[str], state_dir: str) -> int:
     non_interactive = stdin_password = False
+    remove_all = False
     prompt: Optional[str] = None
     validate_only = reset_only = False
     target_user = "root"
@@ -818,7 +1061,11 @@ def sudo(args: List[str], state_dir: str) -> int:
                     i += 1
                     value = args[i] if i < len(args) else ""
                 prompt = value
-            elif name in ("preserve-env", "set-home", "login", "shell", "reset-timestamp"):
+            elif name == "reset-timestamp":
+                reset_only = True
+            elif name == "remove-timestamp":
+                remove_all = True
+            elif name in ("preserve-env", "set-home", "login", "shell"):
                 pass
             elif name == "user":
                 if not value:
@@ -859,7 +1106,9 @@ def sudo(args: List[str], state_dir: str) -> int:
                 reset_only = True
             elif flag == "v":
                 validate_only = True
-            elif flag in "EHAbiKsPN":
+            elif flag == "K":
+                remove_all = True
+            elif flag in "EHAbisPN":
                 pass
             else:
                 _err(f"sudo: invalid option -- '{flag}'")
@@ -868,15 +1117,31 @@ def sudo(args: List[str], state_dir: str) -> int:
             j += 1
         i += 1
     command = args[i:]
+    record = _sudo_record_key()
+    if remove_all and not command:
+        # sudo(8) -K removes every cached credential of the user (research notes section 4)
+        _set_sudo_record(state_dir, None, None, clear_all=True)
+        return 0
     if not command and not validate_only:
         if reset_only:
+            # sudo(8) -k without a command: "invalidates the user's cached credentials for the current session"
+            _set_sudo_record(state_dir, record, None)
             return 0
         _err(_SUDO_USAGE)
         return 1
     state = S.load(state_dir)
     user = state.get("emulated_user") or "nvidia"
     password = state.get("sudo_password")
-    if password is not None and not S.is_root(state):
+    now = time.time()
+    cached = (password is not None and not S.is_root(state) and not reset_only
+              and _sudo_record_valid(state, record, now))
+    if cached:
+        # A valid time stamp: no authentication, so nothing is read -- with -S a password written to stdin stays
+        # there and reaches the command (research notes section 4, inferred from sudo(8) -v "authenticating the user
+        # if necessary"). Every successful use refreshes the record (sudoers' check path updates the time stamp
+        # unless -k was given).
+        _set_sudo_record(state_dir, record, now)
+    elif password is not None and not S.is_root(state):
         if prompt is None:
             prompt = "[sudo] password for %p: "
         host = state.get("hostname") or "jetson"
@@ -898,10 +1163,7 @@ def sudo(args: List[str], state_dir: str) -> int:
                 sys.stderr.flush()
                 given = _read_line_unbuffered(0)
             else:
-                try:
-                    given = getpass.getpass(shown)
-                except (EOFError, OSError):
-                    given = None
+                given = _tty_password(shown)
             if given is None:
                 sys.stderr.write("\n")
                 if wrong:
@@ -911,6 +1173,8 @@ def sudo(args: List[str], state_dir: str) -> int:
                     _err("sudo: a password is required")
                 return 1
             if given == password:
+                if not reset_only:  # sudo(8) -k with a command: "will not update the user's cached credentials"
+                    _set_sudo_record(state_dir, record, time.time())
                 break
             wrong += 1
             _err("Sorry, try again.")

@@ -5,10 +5,12 @@ in the root conftest, or import the fixture names into a test module).
   started is stopped at the end of the test, also when the test fails.
 - `emulated_jetson_session_factory`: the same, devices live until the end of the session.
 - `orin_nano` (Orin Nano 8GB, JetPack 6.0 / L4T R36.3), `orin_nano_super` (JetPack 6.2.1 / R36.4.4, Super conf),
+  `orin_nano_super_r39` (Orin Nano Super, JetPack 7.2.1 / L4T R39.2.1),
   `agx_orin` (AGX Orin 64GB, JetPack 5.1.2 / R35.4.1), `thor` (AGX Thor, JetPack 7.1 / R38.4): one fresh device
   per test (function scope).
 Options: reboot_delay_s (3.0), reboot_grace_s (0.5), sudo_password (None), nvpmodel_mode (module default),
-clocks_locked (False), login_is_root (False), host (next 127.0.0.N), start_timeout_s (15).
+clocks_locked (False: nothing locked; True: everything a plain jetson_clocks locks), login_is_root (False),
+sudo_timestamp_timeout_s (900), host (next 127.0.0.N), start_timeout_s (15).
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def orin_nano(emulated_jetson_factory: Factory) -> EmulatedJetson:
 @pytest.fixture
 def orin_nano_super(emulated_jetson_factory: Factory) -> EmulatedJetson:
     return emulated_jetson_factory("orin_nano_super")
+
+
+@pytest.fixture
+def orin_nano_super_r39(emulated_jetson_factory: Factory) -> EmulatedJetson:
+    return emulated_jetson_factory("orin_nano_super_r39")
 
 
 @pytest.fixture

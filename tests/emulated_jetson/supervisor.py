@@ -6,7 +6,8 @@ killed on an emulated reboot and at teardown. It exits when its parent (the test
 
 Loop (every 50 ms):
 - `.reboot_request` in the state dir (written by the fake `reboot`/`nvpmodel`): after reboot_grace_s, stop sshd,
-  kill every session and command of the device, apply the pending nvpmodel mode, reset the jetson_clocks lock,
+  kill every session and command of the device, apply the pending nvpmodel mode (also one left by a declined
+  reboot prompt), reset every jetson_clocks lock and the sudo time stamps,
   new boot_id/boot_time, keep sshd down for reboot_delay_s, start it again (connections are refused meanwhile).
 - state `blocked`: keep sshd stopped (connections refused) until it is false again; sessions are kept.
 - state `die_after_s`: the next process matching `die_match` gets its ssh session killed after that many seconds
@@ -177,8 +178,11 @@ class Supervisor:
             if s.get("nvpmodel_pending") is not None:
                 s["nvpmodel_mode"] = s["nvpmodel_pending"]
             s["nvpmodel_pending"] = None
-            s["clocks_locked"] = False  # jetson_clocks settings do not survive a reboot
-            s["fan_pwm"] = None
+            # jetson_clocks settings do not survive a reboot (they are sysfs/debugfs writes): CPU/GPU/EMC unlocked,
+            # cpuidle enabled, railgate_enable 1, the fan back under nvfancontrol
+            S.set_all_locks(s, False)
+            # sudo's time stamp records live on a tmpfs (/run/sudo/ts): gone after a reboot
+            s["sudo_timestamps"] = {}
             s["boot_count"] = int(s.get("boot_count") or 0) + 1
             s["boot_time"] = time.time() + delay
             S.add_event(s, "reboot", by=request.get("by"), killed=killed, boot_id=boot_id, delay_s=delay)

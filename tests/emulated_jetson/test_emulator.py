@@ -17,6 +17,8 @@ from tests.emulated_jetson.fixtures import (  # noqa: F401  (fixtures)
     agx_orin,
     emulated_jetson_factory,
     orin_nano,
+    orin_nano_super,
+    orin_nano_super_r39,
     thor,
 )
 
@@ -327,3 +329,285 @@ def test_stop_kills_everything_and_frees_the_address():
     assert emu.processes() == []
     assert not emu.accepts_connections()
     assert not emu.base_dir.exists()
+
+
+# ------------------------------------------------------------------------- issue 11: separate jetson_clocks locks
+
+def show(emu: EmulatedJetson) -> dict:
+    """`sudo jetson_clocks --show` as {first word: {key: value}} for the lines with MaxFreq= or IdleStates."""
+    result = ssh(emu, "sudo jetson_clocks --show")
+    assert result.returncode == 0, result.stderr
+    out = {}
+    for line in result.stdout.splitlines():
+        if "MaxFreq=" in line or line.startswith("FAN"):
+            out[line.split()[0]] = kv(line.replace("IdleStates:", ""))
+    return out
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_plain_jetson_clocks_sets_every_lock_and_restore_of_an_unlocked_store_undoes_all(orin_nano):
+    assert orin_nano.clock_state()["none_locked"] and orin_nano.clocks_unlocked
+    assert orin_nano.gpu_railgate_path.read_text() == "1\n"
+    assert orin_nano.device_config()["paths"]["gpu_railgate"] == str(orin_nano.gpu_railgate_path)
+    assert orin_nano.device_config()["paths"]["boot_id"] == str(orin_nano.boot_id_path)
+    store = f"{orin_nano.home}/unlocked.store"
+    assert ssh(orin_nano, f"sudo jetson_clocks --store {store}").returncode == 0
+    stored = dict(line.split(":", 1) for line in open(store).read().splitlines())
+    # what NVIDIA's script stores: online, scaling_min_freq, cpuidle disable flags, GPU min_freq, railgate_enable,
+    # EMC mrq_rate_locked (not the EMC rate), the fan status file
+    assert stored["/sys/devices/system/cpu/cpu0/online"] == "1"
+    assert stored["/sys/devices/system/cpu/cpu5/cpufreq/scaling_min_freq"] == "729600"
+    assert stored["/sys/devices/system/cpu/cpu3/cpuidle/state1/disable"] == "0"
+    assert stored["/sys/devices/platform/17000000.gpu/devfreq_dev/min_freq"] == "306000000"
+    assert stored["/sys/devices/platform/gpu.0/railgate_enable"] == "1"
+    assert stored["/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked"] == "0"
+    assert stored[f"{orin_nano.root_home}/.jetsonclocks_fan.txt"] == "active"
+    assert not any(k.endswith("/emc/rate") or k.endswith("scaling_max_freq") for k in stored)
+
+    assert ssh(orin_nano, "sudo jetson_clocks").returncode == 0
+    st = orin_nano.clock_state()
+    assert st["cpu_locked"] and st["gpu_locked"] and st["emc_locked"] and st["cpuidle_disabled"]
+    assert not st["railgate_enabled"] and st["all_locked"] and orin_nano.clocks_locked
+    assert st["nvfancontrol_active"] and st["fan_pwm"] is None  # the fan only with --fan
+    assert orin_nano.gpu_railgate_path.read_text() == "0\n"
+    assert ssh(orin_nano, f"cat {orin_nano.gpu_railgate_path}").stdout == "0\n"
+    locked = show(orin_nano)
+    assert locked["cpu0:"]["WFI"] == locked["cpu0:"]["c7"] == "0"  # 0 = idle state disabled
+    assert locked["cpu0:"]["MinFreq"] == locked["cpu0:"]["MaxFreq"]
+    assert locked["GPU"]["MinFreq"] == locked["GPU"]["MaxFreq"] == locked["GPU"]["CurrentFreq"]
+    assert locked["EMC"]["FreqOverride"] == "1" and locked["EMC"]["CurrentFreq"] == locked["EMC"]["MaxFreq"]
+    assert "railgate" not in ssh(orin_nano, "sudo jetson_clocks --show").stdout.lower()  # never printed
+
+    restored = ssh(orin_nano, f"sudo jetson_clocks --restore {store}")
+    assert restored.returncode == 0, restored.stdout
+    assert orin_nano.clock_state()["none_locked"] and orin_nano.gpu_railgate_path.read_text() == "1\n"
+    after = show(orin_nano)
+    assert after["cpu0:"]["WFI"] == "1" and after["EMC"]["FreqOverride"] == "0"
+    assert int(after["GPU"]["MinFreq"]) < int(after["GPU"]["MaxFreq"])
+
+    missing = ssh(orin_nano, "sudo jetson_clocks --restore /nonexistent.conf")
+    assert missing.returncode == 1 and missing.stdout == "Error: /nonexistent.conf file not found !\n"
+    # the refusal of an existing store file is unchanged
+    again = ssh(orin_nano, f"sudo jetson_clocks --store {store}")
+    assert again.returncode == 1 and again.stdout.endswith(f"Error: file {store} already exists!\n")
+
+
+def test_jetson_clocks_fan_stops_nvfancontrol_and_restore_starts_it(agx_orin):
+    store = f"{agx_orin.home}/before.store"
+    assert ssh(agx_orin, f"sudo jetson_clocks --store {store}").returncode == 0
+    assert show(agx_orin)["FAN"] == {"control": "active", "hwmon2_pwm1": "55"}
+    assert ssh(agx_orin, "sudo jetson_clocks --fan").returncode == 0  # --fan locks everything AND forces the fan
+    st = agx_orin.clock_state()
+    assert st["all_locked"] and not st["nvfancontrol_active"] and st["fan_pwm"] == 255
+    assert show(agx_orin)["FAN"] == {"control": "inactive", "hwmon2_pwm1": "255"}
+    assert ssh(agx_orin, f"sudo jetson_clocks --restore {store}").returncode == 0
+    assert agx_orin.clock_state()["none_locked"]
+    assert show(agx_orin)["FAN"] == {"control": "active", "hwmon2_pwm1": "55"}
+
+
+def test_nvpmodel_live_switch_undoes_cpu_gpu_locks_only(orin_nano_super):
+    emu = orin_nano_super
+    unlocked_store = f"{emu.home}/unlocked.store"
+    assert ssh(emu, f"sudo jetson_clocks --store {unlocked_store} && sudo jetson_clocks").returncode == 0
+    assert emu.clocks_locked and not emu.needs_reboot(0)
+    assert ssh(emu, "sudo nvpmodel -m 0").returncode == 0  # 25W -> 15W, live
+    st = emu.clock_state()
+    assert (st["mode_name"], st["cpu_locked"], st["gpu_locked"]) == ("15W", False, False)
+    assert st["emc_locked"] and st["cpuidle_disabled"] and not st["railgate_enabled"]  # stay (issue 11)
+    assert not emu.clocks_locked and not emu.clocks_unlocked  # partially locked
+    assert emu.gpu_railgate_path.read_text() == "0\n"
+    partial = show(emu)
+    assert partial["EMC"]["FreqOverride"] == "1"
+    assert partial["EMC"]["CurrentFreq"] == partial["EMC"]["MaxFreq"] == "2133000000"  # the 15W EMC cap
+    assert partial["cpu0:"]["WFI"] == partial["cpu0:"]["c7"] == "0"
+    assert int(partial["GPU"]["MinFreq"]) < int(partial["GPU"]["MaxFreq"])
+    assert int(partial["cpu0:"]["MinFreq"]) < int(partial["cpu0:"]["MaxFreq"])
+    # restoring the store taken before the lock undoes the rest (EMC, cpuidle, railgate)
+    assert ssh(emu, f"sudo jetson_clocks --restore {unlocked_store}").returncode == 0
+    assert emu.clocks_unlocked and show(emu)["EMC"]["FreqOverride"] == "0"
+
+
+def test_declined_reboot_mode_stays_pending_until_the_next_reboot(emulated_jetson_factory):
+    emu = emulated_jetson_factory("orin_nano_super", reboot_delay_s=0.5)
+    assert emu.nvpmodel_mode_name == "25W" and emu.needs_reboot(3)
+    lines = ["NVPM WARN: Golden image context is already created",
+             "NVPM WARN: Reboot required for changing to this power mode: 3",
+             "NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:"]
+    declined = ssh(emu, "sudo nvpmodel -m 3", input="no\n")
+    assert declined.returncode == 1
+    assert declined.stdout.splitlines() == lines + ["NVPM ERROR: optMask is 1, no request for power mode"]
+    assert emu.nvpmodel_pending == 3 and emu.nvpmodel_mode == 1 and emu.boot_count == 0
+    assert emu.nvpmodel_status_path.read_text().startswith("pmode:0003")
+    assert ssh(emu, "nvpmodel -q").stdout == "NV Power Mode: 25W\n1\n"  # the running mode
+    # re-applying the running mode cancels the pending one
+    assert ssh(emu, "sudo nvpmodel -m 1").returncode == 0
+    assert emu.nvpmodel_pending is None and emu.nvpmodel_status_path.read_text().startswith("pmode:0001")
+    # EOF / bad input: pending as well
+    bad = ssh(emu, "sudo nvpmodel -m 3")
+    assert bad.returncode == 1 and bad.stdout.splitlines()[-2:] == [
+        "NVPM ERROR: bad input!", "NVPM ERROR: optMask is 1, no request for power mode"]
+    assert emu.clock_state()["pending_mode_name"] == "7W"
+    assert ssh(emu, "sudo jetson_clocks --fan").returncode == 0
+    # the next reboot of any kind boots into it, with every jetson_clocks lock gone
+    assert ssh(emu, "sudo shutdown -r now").returncode == 0
+    emu.wait_for_boot(0, timeout=15)
+    st = emu.clock_state()
+    assert (st["mode_name"], st["pending_mode"], st["none_locked"]) == ("7W", None, True)
+    assert ssh(emu, "nvpmodel -q").stdout == "NV Power Mode: 7W\n3\n"
+    assert emu.nvpmodel_status_path.read_text().startswith("pmode:0003")
+    assert emu.gpu_railgate_path.read_text() == "1\n"
+
+
+def test_legacy_clocks_locked_key_means_all_or_nothing(emulated_jetson_factory):
+    emu = emulated_jetson_factory("orin_nano", clocks_locked=True)
+    assert emu.clock_state()["all_locked"] and emu.gpu_railgate_path.read_text() == "0\n"
+    assert show(emu)["EMC"]["FreqOverride"] == "1"
+    emu.set_state(clocks_locked=False)
+    assert emu.clocks_unlocked and emu.state["clocks_locked"] is None
+    emu.set_clocks(emc_locked=True)
+    assert emu.clock_state()["emc_locked"] and not emu.clocks_unlocked
+
+
+# ------------------------------------------------------------------------------------ issue 11: sudo time stamps
+
+def _exec(client, command: str, stdin: str = ""):
+    chan = client.get_transport().open_session()
+    chan.exec_command(command)
+    if stdin:
+        chan.sendall(stdin.encode())
+    chan.shutdown_write()
+    out = chan.makefile("rb").read().decode()
+    err = chan.makefile_stderr("rb").read().decode()
+    return chan.recv_exit_status(), out, err
+
+
+def test_sudo_time_stamp_is_shared_by_one_ssh_connection_and_not_across(emulated_jetson_factory):
+    emu = emulated_jetson_factory("orin_nano_super", sudo_password="s3cret")
+    with emu.paramiko_client() as one, emu.paramiko_client() as other:
+        assert _exec(one, "sudo -n id -u") == (1, "", "sudo: a password is required\n")
+        assert _exec(one, "sudo -S -p '' id -u", "s3cret\n") == (0, "0\n", "")
+        # the same connection: the same parent (its per-connection sshd), so the record is valid
+        assert _exec(one, "sudo -n id -u") == (0, "0\n", "")
+        # another connection (another sshd parent) has none; neither does a plain ssh invocation
+        assert _exec(other, "sudo -n id -u")[0] == 1
+        assert ssh(emu, "sudo -n id -u").returncode == 1
+        # the hazard: with a valid record `sudo -S` reads no password, so the password written to stdin reaches
+        # the command -- here nvpmodel takes it as its answer to the reboot question
+        code, out, err = _exec(one, "sudo -S nvpmodel -m 3", "s3cret\nYES\n")
+        assert code == 1 and err == ""  # no prompt
+        assert out.splitlines()[-2:] == ["NVPM ERROR: bad input!", "NVPM ERROR: optMask is 1, no request for power mode"]
+        assert emu.nvpmodel_pending == 3 and emu.boot_count == 0
+        # -k invalidates the record of this connection, -v authenticates again, -K drops every record
+        assert _exec(one, "sudo -k")[0] == 0
+        assert _exec(one, "sudo -n id -u")[0] == 1
+        assert _exec(one, "sudo -S -p '' -v", "s3cret\n")[0] == 0
+        assert _exec(one, "sudo -n id -u") == (0, "0\n", "")
+        assert _exec(other, "sudo -S -p '' -v", "s3cret\n")[0] == 0 and len(emu.state["sudo_timestamps"]) == 2
+        assert _exec(other, "sudo -K")[0] == 0 and emu.state["sudo_timestamps"] == {}
+        assert _exec(one, "sudo -n id -u")[0] == 1
+        # a shell between ssh and sudo is another parent: its own record, shared by the sudo calls of that shell
+        # (the trailing echo keeps bash from exec'ing the last sudo, which would make sshd its parent again)
+        assert _exec(one, "sudo -S -p '' true; sudo -n id -u; echo done", "s3cret\n") == (0, "0\ndone\n", "")
+        assert _exec(one, "sudo -n id -u")[0] == 1  # the connection's own record is still gone
+
+
+def test_sudo_time_stamp_expires_after_the_configured_timeout(emulated_jetson_factory):
+    emu = emulated_jetson_factory("thor", sudo_password="pw", sudo_timestamp_timeout_s=1.0)
+    with emu.paramiko_client() as client:
+        assert _exec(client, "sudo -S -p '' -v", "pw\n")[0] == 0
+        assert _exec(client, "sudo -n true")[0] == 0
+        time.sleep(1.3)
+        assert _exec(client, "sudo -n true") == (1, "", "sudo: a password is required\n")
+        emu.set_state(sudo_timestamp_timeout_s=-1)  # < 0: valid until the next reboot
+        assert _exec(client, "sudo -S -p '' -v", "pw\n")[0] == 0
+        time.sleep(0.2)
+        assert _exec(client, "sudo -n true")[0] == 0
+
+
+def test_password_typed_into_a_pty_before_sudo_reads_is_echoed(thor):
+    thor.set_sudo_password("s3cret")
+    with thor.paramiko_client() as client:
+        chan = client.get_transport().open_session()
+        chan.get_pty()
+        chan.exec_command("sleep 0.5; sudo id -u")
+        chan.sendall(b"s3cret\n")  # type-ahead: sudo has not started yet, the tty still echoes
+        chan.settimeout(10)
+        out = b""
+        while True:
+            data = chan.recv(4096)
+            if not data:
+                break
+            out += data
+        assert chan.recv_exit_status() == 0
+    text = out.decode()
+    # the line discipline echoed the password (the hazard), then sudo prompted, read it and ran the command
+    assert text.startswith("s3cret\r\n")
+    assert "[sudo] password for nvidia: " in text and text.rstrip().endswith("0")
+
+
+# ------------------------------------------------------------------------------------ issue 11: modules, helpers
+
+def test_orin_nano_super_on_r39(orin_nano_super_r39):
+    emu = orin_nano_super_r39
+    assert emu.product_profile == "orin_nano_super" and emu.l4t == "39.2.1"
+    result = ssh(emu, f"head -n 1 {emu.nv_tegra_release_path}; nvpmodel -q; uname -r; cat {emu.nvpmodel_conf_path}")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# R39 (release), REVISION: 2.1, GCID: 46758480")
+    assert lines[1:3] == ["NV Power Mode: 25W", "1"] and lines[3] == "6.8.12-1021-tegra"
+    assert re.findall(r"^< POWER_MODEL ID=(\d+) NAME=(\S+) >$", result.stdout, re.M) == [
+        ("0", "15W"), ("1", "25W"), ("2", "MAXN_SUPER")]
+    text = ssh(emu, "sudo jetson_clocks --show").stdout.splitlines()
+    assert text[1] == "Online CPUs: 0-5, Offline CPUs: "
+    assert re.fullmatch(r"cpu0:  Governor=schedutil MinFreq=729600 MaxFreq=1344000 CurrentFreq=\d+ "
+                        r"IdleStates: WFI=1 c7=1 ", text[2])
+    emc = [line for line in text if line.startswith("EMC ")][0]
+    assert "FreqOverride" not in emc and kv(emc)["MinFreq"] == "204000000"
+    assert text[-3:-1] == ["FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1=60",
+                           "FAN Dynamic Speed Control=nvfancontrol hwmon0_pwm1_enable=1"]
+    assert ssh(emu, "sudo jetson_clocks").returncode == 0
+    locked = show(emu)
+    assert locked["EMC"]["MinFreq"] == locked["EMC"]["MaxFreq"] == locked["EMC"]["CurrentFreq"] == "3199000000"
+    assert "FreqOverride" not in locked["EMC"] and locked["cpu0:"]["WFI"] == "0"
+    assert locked["GPU"]["MinFreq"] == locked["GPU"]["MaxFreq"] == locked["GPU"]["CurrentFreq"] == "918000000"
+    sample = parse_line(ssh(emu, "sudo timeout 0.35 tegrastats --interval 100").stdout.splitlines()[0])
+    assert sample is not None and not sample.unknown and sample.ram_total_mb == 7486
+    assert sample.rails["VDD_IN"].max_mw is not None  # R39: cur/avg/max
+
+
+def test_agx_orin_jp5_devfreq_path_and_modes(agx_orin):
+    conf = ssh(agx_orin, f"cat {agx_orin.nvpmodel_conf_path}").stdout
+    assert "MAX_FREQ /sys/devices/17000000.ga10b/devfreq_dev/max_freq" in conf
+    assert "MIN_FREQ /sys/devices/17000000.ga10b/devfreq_dev/min_freq" in conf
+    assert "MAX_FREQ /sys/kernel/nvpmodel_emc_cap/emc_iso_cap" in conf
+    assert re.findall(r"^< POWER_MODEL ID=(\d+) NAME=(\S+) >$", conf, re.M) == [
+        ("0", "MAXN"), ("1", "MODE_15W"), ("2", "MODE_30W"), ("3", "MODE_50W")]
+    assert re.search(r"^< PM_CONFIG DEFAULT=2 >$", conf, re.M)
+    parsed = ssh(agx_orin, "nvpmodel -p --verbose").stdout
+    assert "NVPM VERB: PM_CONFIG: DEFAULT=MODE_30W(2)" in parsed
+    assert "NVPM VERB: MAX_FREQ /sys/devices/17000000.ga10b/devfreq_dev/max_freq" in parsed
+    verbose = ssh(agx_orin, "nvpmodel -q --verbose").stdout
+    assert "PATH /sys/devices/17000000.ga10b/devfreq_dev/min_freq:" in verbose
+    assert verbose.splitlines()[2:4] == ["NVPM VERB: Current mode: NV Power Mode: MODE_30W", "2"]
+
+
+def test_device_processes_lists_what_the_sessions_left_running(orin_nano):
+    assert orin_nano.device_processes() == []
+    client = orin_nano.paramiko_client()
+    _, out, _ = client.exec_command("emu-hang")
+    assert out.readline() == "emu-hang: started\n"
+    assert ssh(orin_nano, f"sudo tegrastats --start --interval 200 --logfile {orin_nano.home}/t.log").returncode == 0
+    hang = orin_nano.device_processes(["emu-hang"])
+    assert len(hang) == 1 and hang[0]["argv"][-1].endswith("emu-hang")
+    assert len(orin_nano.device_processes(["tegrastats"])) == 1  # the daemon outlives its session
+    client.close()
+    assert wait_for(lambda: orin_nano.device_processes(["emu-hang"]) == [])  # SIGHUP/EPIPE with the connection
+    assert ssh(orin_nano, "sudo tegrastats --stop").returncode == 0
+    assert wait_for(lambda: orin_nano.device_processes() == []), orin_nano.device_processes()
