@@ -49,8 +49,8 @@ DEFAULT_STATE: Dict[str, Any] = {
     "module": None,
     "nvpmodel_mode": None,  # current power mode id
     "nvpmodel_pending": None,  # id that becomes current at the next emulated boot
-    # jetson_clocks state, one key per knob the real script writes (research notes section 1.3; NVIDIA jetson_clocks
-    # 2015-2023 do_cpu/do_igpu/do_emc/do_fan). A plain `jetson_clocks` sets the first five; `--fan` also the fan.
+    # jetson_clocks state, one key per knob the real script writes (NVIDIA jetson_clocks
+    # 2015-2023, "JC-2023" in emu_tools.py: do_cpu/do_igpu/do_emc/do_fan). A plain `jetson_clocks` sets the first five; `--fan` also the fan.
     "cpu_locked": False,  # every cpuN scaling_min_freq == scaling_max_freq
     "gpu_locked": False,  # GPU devfreq min_freq == max_freq
     "emc_locked": False,  # /sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked == 1 (EMC at the cap)
@@ -64,7 +64,7 @@ DEFAULT_STATE: Dict[str, Any] = {
     "sudo_password": None,  # None: passwordless sudo
     # sudo credential cache (sudoers timestamp records): {record key: epoch of the last authentication/use}
     "sudo_timestamps": {},
-    "sudo_timestamp_timeout_s": 900.0,  # Ubuntu's sudo: 15 minutes (research notes section 4); 0: always ask,
+    "sudo_timestamp_timeout_s": 900.0,  # Ubuntu's sudo: 15 minutes (Ubuntu sudoers_timestamp(5)); 0: always ask,
                                         # < 0: never expires until reboot (sudoers(5) timestamp_timeout)
     "emulated_user": "nvidia",  # what `id`, `whoami` and the sudo prompt report (login is root underneath)
     "emulated_uid": 1000,
@@ -130,7 +130,8 @@ def load(state_dir: str) -> Dict[str, Any]:
 
 
 # --- jetson_clocks locks ------------------------------------------------------------------------------------
-# The five knobs a plain `jetson_clocks` writes (NVIDIA jetson_clocks, do_cpu/do_igpu/do_emc; research notes 1.3).
+# The five knobs a plain `jetson_clocks` writes (NVIDIA jetson_clocks "JC-2023", see emu_tools.py:
+# do_cpu/do_igpu/do_emc).
 LOCK_KEYS = ("cpu_locked", "gpu_locked", "emc_locked", "cpuidle_disabled")
 
 

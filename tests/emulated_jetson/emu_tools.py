@@ -234,7 +234,7 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
             # Accepted or not, the target is recorded as the mode of the next boot (state nvpmodel_pending and
             # /var/lib/nvpmodel/status = pmode:<target>), and the running mode is unchanged until that boot.
             # source: issue 11 statement (a declined reboot leaves the mode pending: the next reboot of any kind
-            # boots into it). Note: third-party evidence (research notes section 3.2: almond-bot/axol
+            # boots into it). Note: third-party evidence (almond-bot/axol
             # almond_axol/utils/jetson.py @3d3c09c, "Declining the reboot prompt CANCELS the switch -- nvpmodel
             # records nothing") suggests the opposite; the emulator follows the issue's description of L4T.
             S.update(state_dir, {"nvpmodel_pending": target["id"]},
@@ -250,7 +250,7 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
             _out("NVPM ERROR: optMask is 1, no request for power mode")
             return 1
         # A live switch (or re-applying the running mode) writes what the mode's PARAM lines list: CPU online,
-        # CPU/GPU MIN_FREQ/MAX_FREQ, the EMC cap, TPC mask, GPU power/control (research notes section 2.1, from the
+        # CPU/GPU MIN_FREQ/MAX_FREQ, the EMC cap, TPC mask, GPU power/control (the PARAM lines of the
         # AGX Orin JP5 `nvpmodel -p --verbose` and the R36.4.3 verbose dump). So the CPU and GPU min=max locks of
         # jetson_clocks are undone (min goes back to the conf's MIN_FREQ). No PARAM touches cpuidle/stateN/disable,
         # the debugfs EMC mrq_rate_locked or railgate_enable: those stay as jetson_clocks left them
@@ -265,7 +265,7 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
 
     if query:
         # the running mode, also while another one is pending (issue 11 statement: "`nvpmodel -q` reports the
-        # running mode"; the research notes, section 3.2, infer from a third party that -q may read the status file)
+        # running mode"; almond-bot/axol @3d3c09c suggests -q may read the status file)
         mode = P.mode_by_id(prof, state["nvpmodel_mode"])
         if verbose:
             # source: nvpmodel-verbose.txt (`-q --verbose` header) / UNRESOLVED-provenance.txt (R36.4.3):
@@ -293,7 +293,7 @@ def nvpmodel(args: List[str], state_dir: str) -> int:
 # ======================================================================================= jetson_clocks
 
 def _clock_values(prof: Dict[str, Any], state: Dict[str, Any]) -> Dict[str, Any]:
-    """What --show prints, per knob (research notes section 1.3: each lock is its own sysfs/debugfs file)."""
+    """What --show prints, per knob (JC-2023: each lock is its own sysfs/debugfs file)."""
     mode = P.mode_by_id(prof, state["nvpmodel_mode"])
     cpu_l, gpu_l, emc_l = bool(state.get("cpu_locked")), bool(state.get("gpu_locked")), bool(state.get("emc_locked"))
     rng = random.Random()
@@ -302,8 +302,8 @@ def _clock_values(prof: Dict[str, Any], state: Dict[str, Any]) -> Dict[str, Any]
                for _ in range(prof["cpus"])]
     emc_idle = min(mode["emc_max_hz"], 2133000000) if prof["soc"] == "tegra234" else prof["emc_min_hz"]
     # EMC locked: mrq_rate_locked=1 and the rate written at the cap (do_emc: `cat <max> > .../emc/rate`); after a
-    # later `nvpmodel -m` the cap is the new mode's and the rate follows it (emulator assumption: research notes
-    # section 2.1 / unresolved item 4 -- how BPMP treats a locked rate under a new cap is undocumented).
+    # later `nvpmodel -m` the cap is the new mode's and the rate follows it (emulator assumption: how
+    # BPMP treats a locked rate under a new cap is undocumented).
     fan_auto = prof["fan_pwm"]
     return {
         "mode": mode, "cpu_locked": cpu_l, "gpu_locked": gpu_l, "emc_locked": emc_l,
@@ -470,6 +470,10 @@ def _show_r38_thor(prof: Dict[str, Any], state: Dict[str, Any]) -> List[str]:
 _SHOW = {"r36": _show_r36, "r35_agx": _show_r35_agx, "r38_thor": _show_r38_thor, "r39": _show_r39}
 
 
+# "JC-2023" = NVIDIA's jetson_clocks script "Copyright (c) 2015-2023" (tegra234 / JetPack 5): public copy, repository
+# not resolved, reference id 14744631961. Its store/restore/lock logic matches the citable 2015-2020 copy
+# (VictorySpecificationII/jetson_prometheus_exporter-docker @1161667 `jetson_clocks`), which lacks tegra234 and the
+# nvfancontrol fan handling.
 RAILGATE_PATH = "/sys/devices/platform/gpu.0/railgate_enable"  # JC-2023 do_igpu: GPU_RAIL_GATE
 EMC_LOCK_PATH = "/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked"  # JC-2023 do_emc: EMC_FREQ_OVERRIDE
 CPUIDLE_STATES = ("WFI", "c7")  # cpuN/cpuidle/state0 = WFI, state1 = c7 (the --show captures: 'IdleStates: WFI=1 c7=1')
@@ -481,8 +485,7 @@ def _fan_status_file(home: str) -> str:
 
 
 def _store_text(prof: Dict[str, Any], state: Dict[str, Any], home: str) -> str:
-    """`jetson_clocks --store` file: what NVIDIA's script stores, one `path:value` line each (JC-2023, research notes
-    section 1.3; store() is `echo "${file}:$(cat ${file})" >>"${CONF_FILE}"`), in the script's order:
+    """`jetson_clocks --store` file: what NVIDIA's script stores, one `path:value` line each (JC-2023; store() is `echo "${file}:$(cat ${file})" >>"${CONF_FILE}"`), in the script's order:
     do_hotplug cpuN/online; do_cpu every scaling_min_freq then every cpuidle/stateM/disable; do_igpu devfreq min_freq
     and railgate_enable; do_emc only mrq_rate_locked (NOT the rate); do_fan the fan status file (it holds
     `systemctl is-active nvfancontrol`)."""
@@ -606,12 +609,12 @@ def jetson_clocks(args: List[str], state_dir: str) -> int:
         return 0
     if action == "restore":
         if not os.path.exists(path):
-            # source: JC-2023 main (research notes section 1.2): echo "Error: $CONF_FILE file not found !"; exit 1
+            # source: JC-2023 main: echo "Error: $CONF_FILE file not found !"; exit 1
             _out(f"Error: {path} file not found !")
             return 1
         _restore(prof, path, state_dir)
         return 0
-    # no action: lock (research notes section 1.3): do_cpu min=max + every cpuidle state disabled, do_igpu
+    # no action: lock (JC-2023): do_cpu min=max + every cpuidle state disabled, do_igpu
     # railgate_enable=0 + min_freq=max_freq, do_emc mrq_rate_locked=1 + rate=cap; do_fan only with --fan:
     # `systemctl stop nvfancontrol` and pwm 255 (JC-2023).
     if not os.path.exists(default_conf):
@@ -1005,7 +1008,7 @@ def _set_sudo_record(state_dir: str, key: Optional[str], stamp: Optional[float],
 def _tty_password(prompt: str) -> Optional[str]:
     """Read a password from /dev/tty with echo off. The mode is changed without flushing pending input (unlike
     Python's getpass, which uses TCSAFLUSH): what was typed before sudo started reading stays and is used, and the
-    pty line discipline has already echoed it (research notes section 4, tgetpass.c: sudo switches echo off when it
+    pty line discipline has already echoed it (sudo-project/sudo @2e18923 src/tgetpass.c: sudo switches echo off when it
     starts reading; type-ahead was echoed before -- emulator assumption that nothing is flushed)."""
     import termios
 
@@ -1119,7 +1122,7 @@ def sudo(args: List[str], state_dir: str) -> int:
     command = args[i:]
     record = _sudo_record_key()
     if remove_all and not command:
-        # sudo(8) -K removes every cached credential of the user (research notes section 4)
+        # sudo(8) -K removes every cached credential of the user (sudo-project/sudo @2e18923 docs/sudoers.mdoc.in, docs/sudo.mdoc.in)
         _set_sudo_record(state_dir, None, None, clear_all=True)
         return 0
     if not command and not validate_only:
@@ -1137,7 +1140,7 @@ def sudo(args: List[str], state_dir: str) -> int:
               and _sudo_record_valid(state, record, now))
     if cached:
         # A valid time stamp: no authentication, so nothing is read -- with -S a password written to stdin stays
-        # there and reaches the command (research notes section 4, inferred from sudo(8) -v "authenticating the user
+        # there and reaches the command (inferred from sudo-project/sudo @2e18923 docs/sudoers.mdoc.in, docs/sudo.mdoc.in, sudo(8) -v "authenticating the user
         # if necessary"). Every successful use refreshes the record (sudoers' check path updates the time stamp
         # unless -k was given).
         _set_sudo_record(state_dir, record, now)
