@@ -291,6 +291,9 @@ class PowerStrategy:
     def apply(self, mode: Optional[str], jetson_clocks: Optional[bool], *, allow_reboot: bool = False,
               reboot_timeout_s: float = 300, fan: Optional[str] = None) -> list[str]:
         """Transition to the requested state; returns the changes made (empty: already there)."""
+        if fan == "max" and jetson_clocks is False:
+            raise PowerStateError("power.fan=max runs `jetson_clocks --fan`, which also locks the clocks (NVIDIA's "
+                                  "script): it cannot run with power.jetson_clocks=false")
         changes: list[str] = []
         self.rebooted = False
         snap = self.current()
@@ -309,6 +312,7 @@ class PowerStrategy:
             self._unlock(snap, allow_reboot=allow_reboot, reboot_timeout_s=reboot_timeout_s)
             changes.append(f"jetson_clocks {snap.locks.describe()} -> off")
         if fan == "max" and snap.fan_pwm != 255:
+            # `--fan` is a plain lock run plus the fan at full speed.
             res = self._sudo(["jetson_clocks", "--fan"], timeout=60)
             if res.returncode == 0:
                 changes.append("fan -> max")

@@ -446,6 +446,17 @@ class EmulatedJetson:
             raise KeyError(f"unknown emulated-Jetson state keys: {sorted(unknown)}")
         return emu_state.update(str(self.state_dir), fn=fn)
 
+    def slow_tool(self, tool: str, first_arg: str, seconds: Optional[float]) -> None:
+        """Test control: `sudo TOOL FIRST_ARG ...` sleeps `seconds` before running (None: normal speed), so a test can
+        stop a controller in the middle of that step. Only calls as root (under sudo) are slowed."""
+        delays = dict(self.state.get("tool_delays") or {})
+        key = f"{tool} {first_arg}".strip()
+        if seconds is None:
+            delays.pop(key, None)
+        else:
+            delays[key] = seconds
+        self.set_state(tool_delays=delays)
+
     def device_processes(self, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         """Processes still running on the emulated device that its ssh sessions started (shells, fake tools,
         daemonized `tegrastats --start`, workloads...: everything carrying this device's JETSON_EMU_STATE), not the

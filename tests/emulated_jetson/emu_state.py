@@ -49,6 +49,7 @@ DEFAULT_STATE: Dict[str, Any] = {
     "module": None,
     "nvpmodel_mode": None,  # current power mode id
     "nvpmodel_pending": None,  # id that becomes current at the next emulated boot
+    "tool_delays": {},  # test control: {"TOOL FIRST_ARG": seconds} slows that call under sudo (emu.slow_tool)
     # jetson_clocks state, one key per knob the real script writes (NVIDIA jetson_clocks
     # 2015-2023, "JC-2023" in emu_tools.py: do_cpu/do_igpu/do_emc/do_fan). A plain `jetson_clocks` sets the first five; `--fan` also the fan.
     "cpu_locked": False,  # every cpuN scaling_min_freq == scaling_max_freq

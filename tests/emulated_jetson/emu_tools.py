@@ -1367,4 +1367,13 @@ def main(tool: str, argv: List[str]) -> int:
         except OSError:
             root = False
         _log_invocation(state_dir, tool, argv, root)
+        # Test control, not an emulated behaviour: `emu.slow_tool(tool, first_arg, seconds)` makes a step last long
+        # enough for a test to stop the controller in the middle of it.
+        try:
+            delays = S.load(state_dir).get("tool_delays") or {}
+        except OSError:
+            delays = {}
+        delay = delays.get(f"{tool} {argv[0] if argv else ''}".strip())
+        if delay and S.is_root(S.load(state_dir)):
+            time.sleep(float(delay))
     return TOOLS[tool](argv, state_dir)
