@@ -1,4 +1,14 @@
-"""The local machine as a device: commands run without a shell, as argument lists."""
+"""The local machine as a device: commands run without a shell, as argument lists.
+
+Nothing it starts outlives the controller:
+- every command and stream runs in a session (process group) of its own; a timeout or Ctrl-C in
+  run() ends the whole group (TERM, KILL after TERM_GRACE_S);
+- a SIGKILL of the controller (or any death that runs no Python code) is covered by one small
+  watchdog process per controller (`Reaper`): the controller registers each child's process group
+  over a pipe; when the pipe reaches EOF (the controller is gone, however it ended) the watchdog
+  ends every group still registered. PR_SET_PDEATHSIG would reach only the direct child (not a
+  wrapper's children) and fires when the forking *thread* ends, so it is not used.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,8 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +27,75 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 
 # How long a process group gets to exit after SIGTERM before SIGKILL.
 TERM_GRACE_S = 2.0
+
+
+# The watchdog: reads "+PGID" / "-PGID" lines; at EOF (the controller died or exited) it ends every group
+# still registered: TERM, then KILL after a grace. Its own session: a Ctrl-C at the terminal does not reach it.
+_REAPER = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+groups = set()
+for line in sys.stdin:
+    line = line.strip()
+    try:
+        (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
+    except (ValueError, IndexError):
+        pass
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for g in list(groups):
+        try:
+            os.killpg(g, sig)
+        except OSError:
+            pass
+    end = time.monotonic() + float(sys.argv[1])
+    while sig == signal.SIGTERM and time.monotonic() < end and any(alive(g) for g in groups):
+        time.sleep(0.05)
+"""
+
+
+class Reaper:
+    """One watchdog process per controller process (started on first use) that ends the process groups of
+    our children when the controller goes away without ending them (SIGKILL, a crash)."""
+
+    _lock = threading.Lock()
+    _proc: "subprocess.Popen | None" = None
+    _pid: int = 0  # the controller pid the watchdog belongs to (a forked child needs its own)
+
+    @classmethod
+    def _pipe(cls):
+        if cls._proc is None or cls._pid != os.getpid() or cls._proc.poll() is not None:
+            cls._proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, str(TERM_GRACE_S)], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+            cls._pid = os.getpid()
+        return cls._proc.stdin
+
+    @classmethod
+    def _send(cls, line: str) -> None:
+        with cls._lock:
+            try:
+                pipe = cls._pipe()
+                pipe.write(line + "\n")
+                pipe.flush()
+            except (OSError, ValueError):  # no watchdog: the normal paths still end the group
+                pass
+
+    @classmethod
+    def watch(cls, pgid: int) -> None:
+        cls._send(f"+{pgid}")
+
+    @classmethod
+    def forget(cls, pgid: int) -> None:
+        cls._send(f"-{pgid}")
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -64,6 +145,7 @@ class LineStream:
         # A session of its own, so close() ends the whole pipeline (bash, the tool, the stamper).
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      text=True, errors="replace", bufsize=1, start_new_session=True)
+        Reaper.watch(self.proc.pid)
 
     def __iter__(self):
         assert self.proc.stdout is not None
@@ -81,6 +163,7 @@ class LineStream:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        Reaper.forget(self.proc.pid)
 
 
 @dataclass
@@ -129,6 +212,7 @@ class LocalConnection(Connection):
             return CommandResult(argv, 127, "", f"{argv[0]}: not found ({exc.strerror})", time.monotonic() - start)
         except PermissionError as exc:
             return CommandResult(argv, 126, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
+        Reaper.watch(proc.pid)
         try:
             out, err = proc.communicate(input=stdin, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -138,6 +222,8 @@ class LocalConnection(Connection):
         except BaseException:  # KeyboardInterrupt: Ctrl-C, or SIGTERM turned into one by the CLI
             end_process_group(proc)
             raise
+        finally:
+            Reaper.forget(proc.pid)
         return CommandResult(shown, proc.returncode, out, err, time.monotonic() - start)
 
     def stream_lines(self, argv) -> LineStream:

@@ -5,14 +5,30 @@
   opt-in that records it.
 - Every command is an argument list quoted with shlex.join. A command with a timeout runs under
   `timeout --kill-after` on the device, so the remote process ends too, not only our wait.
-- sudo: `sudo -n` (passwordless sudoers entries, the documented way), or `sudo -S` with the
-  password from the environment variable the device entry names. The password is written to the
-  command's stdin only: never into a command line, a log, a param or an artifact.
+- Nothing it starts outlives the controller. Every command with a timeout and every stream runs
+  under a small POSIX-sh guard on the device (GUARD below): it starts the command in a session and
+  process group of its own and, once a second while the command runs, checks that the SSH session
+  that started it is still there. When the controller is interrupted (Ctrl-C, SIGTERM), killed
+  (SIGKILL), or the connection drops, the guard ends the command's process group (TERM, KILL after
+  a short grace) within a few seconds -- a non-pty exec channel gets no SIGHUP, and llama-bench
+  writes nothing for minutes, so without it the command would run on to its timeout. A local
+  Ctrl-C inside run() also sends the session a TERM and closes the connection at once.
+- sudo: `sudo -n` (passwordless sudoers entries, the documented way), or, with
+  `device.sudo_password_env`, the password from that environment variable is given ONCE per
+  connection to `sudo -S -v` on an exec channel without a pty (no echo), on stdin only; every sudo
+  command is then `sudo -n` on the credentials sudo caches for the connection's sshd process. It is
+  validated again after a reconnect, when the last validation is older than ~4 minutes, and when
+  `sudo -n` reports the cache expired. A device whose sudo does not keep credentials across
+  commands (`timestamp_timeout=0`) gets `sudo -k -S` per command: -k makes sudo always read the
+  password line, so it never reaches the command. The password never appears in a command line,
+  a pty, a log, an exception, a param or an artifact. A wrong password is one DeviceError naming
+  the environment variable.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import select
 import hashlib
 import os
@@ -24,6 +40,8 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import paramiko
+from paramiko.common import cMSG_CHANNEL_REQUEST
+from paramiko.message import Message
 
 from jbench.device.connection import CommandResult, CommandTimeout, Connection, ConnectionLost, DeviceError
 from jbench.device.tunnel import TunnelForwarder
@@ -31,6 +49,69 @@ from jbench.device.tunnel import TunnelForwarder
 # Grace the device's `timeout` gives a command after TERM before KILL, and our own extra wait.
 _KILL_AFTER_S = 5
 _LOCAL_GRACE_S = 15
+
+log = logging.getLogger("jbench.device.ssh")
+
+# Validate the sudo credentials again when the last validation is older than this (sudo's default
+# timestamp_timeout is 5 minutes), so a long sweep does not meet an expired cache.
+SUDO_REFRESH_S = 240.0
+
+# The guard every command with a timeout and every stream runs under on the device (POSIX sh; the
+# command comes in as "$@", never pasted into the script, so no config value can inject shell).
+# - `setsid` starts the command in a session and process group of its own ($c), so the guard can end
+#   the whole tree (a wrapper, sudo, the tool's workers) with one kill of the group.
+# - While the command runs, a watcher subshell checks once a second that the guard's parent and that
+#   parent's parent are unchanged (/proc/PID/stat field 4): the sshd session process of this
+#   connection, or sudo and the sshd session above it. A dropped connection or a killed controller
+#   ends the sshd session process and the guard (or sudo) is re-parented to init or a subreaper:
+#   the watcher then ends the group: TERM, KILL after 3 s. Without a pty nothing else would: no
+#   SIGHUP, and a quiet command (llama-bench) gets no SIGPIPE until it writes.
+# - HUP/INT/TERM to the guard (pty hang-up, an SSH "signal" request, sudo relaying one) end the group too.
+# - A short command costs two forks: the guard `wait`s for the command and kills the watcher; there
+#   is no sleep on that path. The watcher's fds are /dev/null, so it never holds the channel open.
+# - A background job of a non-interactive sh gets /dev/null as stdin: stdin is passed through fd 3.
+GUARD = r"""pp() { { read -r s < "/proc/$1/stat"; } 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo "$2"; }
+stop() {
+  kill -TERM -- "-$c" 2>/dev/null || kill -TERM "$c" 2>/dev/null || return 0
+  n=0; while [ $n -lt 30 ] && kill -0 -- "-$c" 2>/dev/null; do sleep 0.1; n=$((n+1)); done
+  kill -KILL -- "-$c" 2>/dev/null; return 0
+}
+p=$PPID; g=$(pp "$p")
+exec 3<&0
+setsid "$@" <&3 3<&- &
+c=$!
+exec 3<&-
+trap 'stop; exit 129' HUP; trap 'stop; exit 130' INT; trap 'stop; exit 143' TERM
+( while kill -0 "$c" 2>/dev/null; do
+    if [ "$(pp $$)" != "$p" ] || [ "$(pp "$p")" != "$g" ]; then stop; exit 0; fi
+    sleep 1
+  done ) </dev/null >/dev/null 2>&1 &
+w=$!
+wait "$c"; r=$?
+kill "$w" 2>/dev/null
+exit "$r"
+"""
+GUARD_NAME = "jbench-guard"  # the guard's $0 (what `ps` shows)
+
+# sudo inside a pipeline (sudo_argv) in password mode: sudo's parent there is a shell of the pipeline,
+# not the sshd session process, so the connection's cached credentials do not apply (sudo keys them by
+# the parent process when there is no tty). -k makes sudo read the password line from stdin always
+# (never handing it to the command); stream_lines sends it on stdin of a channel without a pty.
+_PIPE_SUDO = ["sudo", "-k", "-S", "-p", "", "--"]
+
+
+def _guarded(argv: list[str]) -> list[str]:
+    return ["sh", "-c", GUARD, GUARD_NAME, *argv]
+
+
+def _has_seq(argv: Sequence[str], seq: list[str]) -> bool:
+    n = len(seq)
+    return any(list(argv[i:i + n]) == seq for i in range(len(argv) - n + 1))
+
+
+def _sudo_wants_password(res_code: int, out: str, err: str) -> bool:
+    """`sudo -n` refused for lack of cached credentials (nothing ran: no stdout)."""
+    return res_code == 1 and not out and "sudo: a password is required" in err
 
 
 class HostKeyError(DeviceError):
@@ -101,6 +182,11 @@ class SSHConnection(Connection):
         self._client: Optional[paramiko.SSHClient] = None
         self._home: Optional[str] = None
         self._lock = threading.Lock()
+        # sudo with a password: when this connection last validated sudo's credentials (monotonic), and
+        # whether the device's sudo keeps them across commands at all (False: `sudo -k -S` per command).
+        self._sudo_lock = threading.Lock()
+        self._sudo_validated_at: Optional[float] = None
+        self._sudo_caches = True
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -166,6 +252,7 @@ class SSHConnection(Connection):
                 if self._client is not None:
                     self._client.close()
                 self._client = self._connect()
+                self._sudo_validated_at = None  # a new connection: sudo's credential cache is not ours yet
             return self._client.get_transport()
 
     def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> TunnelForwarder:
@@ -180,6 +267,7 @@ class SSHConnection(Connection):
             if self._client is not None:
                 self._client.close()
                 self._client = None
+            self._sudo_validated_at = None
 
     def reconnect(self, deadline_s: float, interval_s: float = 2.0) -> None:
         """Wait (bounded) for the device to accept SSH again, e.g. after a reboot."""
@@ -201,46 +289,148 @@ class SSHConnection(Connection):
     # -- commands -------------------------------------------------------------------------------
 
     def command_line(self, argv: Sequence[str], *, timeout: Optional[float] = None, sudo: bool = False,
-                     env: Optional[dict[str, str]] = None, cwd: Optional[str] = None) -> str:
-        """The exact remote command line for argv (quoted; no config value can break out)."""
+                     env: Optional[dict[str, str]] = None, cwd: Optional[str] = None, stream: bool = False) -> str:
+        """The exact remote command line for argv (quoted; no config value can break out).
+
+        A command with a timeout, and a stream, runs under the guard (GUARD): `sh -c GUARD jbench-guard
+        timeout --kill-after=5 T ARGV`. sudo without a password: `sudo -n -- timeout ... ARGV` inside the
+        guard. sudo with a password: `sudo -n -- sh -c GUARD ...`, sudo outermost and exec'd by the login
+        shell, so its parent is this connection's sshd process, which sudo's credential cache is keyed
+        by (`sudo -k -S -p ''` instead when the device's sudo does not cache). Never contains the password."""
         argv = [str(a) for a in argv]
         if env:
             argv = ["env", *[f"{k}={v}" for k, v in env.items()], *argv]
+        limit: list[str] = []
         if timeout is not None:
-            argv = ["timeout", f"--kill-after={_KILL_AFTER_S}", f"{timeout:g}", *argv]
-        if sudo:
-            argv = (["sudo", "-S", "-p", ""] if self._sudo_password() else ["sudo", "-n"]) + ["--", *argv]
+            limit = ["timeout", f"--kill-after={_KILL_AFTER_S}", f"{timeout:g}"]
+        elif stream:
+            limit = ["timeout", f"--kill-after={_KILL_AFTER_S}", "0"]  # 0: no time limit
+        password = sudo and self._password_mode()
+        if sudo and not password:
+            argv = ["sudo", "-n", "--", *limit, *argv]
+            if limit:
+                argv = _guarded(argv)
+        else:
+            if limit:
+                argv = _guarded([*limit, *argv])
+            if password:
+                argv = [*self._sudo_prefix(), *argv]
         line = shlex.join(argv)
         if cwd:
-            line = f"cd {shlex.quote(cwd)} && {line}"
+            line = f"cd {shlex.quote(cwd)} && exec {line}"
+        elif limit or sudo:
+            line = "exec " + line  # the guard / sudo is the session's process itself
         return line
+
+    # -- sudo ------------------------------------------------------------------------------------
+
+    def _password_mode(self) -> bool:
+        return self._sudo_password() is not None
 
     def _sudo_password(self) -> Optional[str]:
         if not self.sudo_password_env:
             return None
-        return os.environ.get(self.sudo_password_env)
+        return os.environ.get(self.sudo_password_env) or None
 
-    def run(self, argv, *, timeout=None, env=None, cwd=None, sudo: bool = False, stdin: Optional[str] = None) -> CommandResult:
-        argv = [str(a) for a in argv]
-        line = self.command_line(argv, timeout=timeout, sudo=sudo, env=env, cwd=cwd)
-        started = time.monotonic()
+    def _sudo_prefix(self) -> list[str]:
+        return ["sudo", "-n", "--"] if self._sudo_caches else list(_PIPE_SUDO)
+
+    def _scrub(self, text: str) -> str:
+        pw = self._sudo_password()
+        return text.replace(pw, "***") if pw else text
+
+    def _exec(self, line: str, feed: str, deadline_s: Optional[float]) -> tuple[int, str, str]:
+        """Run one line on an exec channel without a pty, feed stdin, collect (code, out, err).
+        A local interrupt (Ctrl-C) ends the remote command before it propagates."""
+        chan = self.transport().open_session()
         try:
-            chan = self.transport().open_session()
             chan.exec_command(line)
-            feed = ""
-            if sudo and self._sudo_password():
-                feed += self._sudo_password() + "\n"
-            if stdin:
-                feed += stdin
             if feed:
                 chan.sendall(feed.encode())
             chan.shutdown_write()
-            out, err = _drain(chan, None if timeout is None else timeout + _KILL_AFTER_S + _LOCAL_GRACE_S)
+            out, err = _drain(chan, deadline_s)
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
-        except _LocalDeadline:
-            raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s") from None
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise ConnectionLost(f"lost the SSH connection to '{self.name}' while running {argv[0]}: {exc or type(exc).__name__}") from None
+        except BaseException as exc:
+            if not isinstance(exc, (Exception,)):  # KeyboardInterrupt, SystemExit
+                self._abort(chan)
+            else:
+                chan.close()
+            raise
+        return code, out, err
+
+    def _abort(self, chan: paramiko.Channel) -> None:
+        """End a running remote command now: TERM to its session (an SSH "signal" request, which the
+        guard or sudo relays to the command's group), close the channel, and close the connection, so the
+        guard also sees its sshd session end on servers without "signal" support (OpenSSH < 7.9). The
+        next command reconnects."""
+        _send_signal(chan, "TERM")
+        try:
+            chan.close()
+        except Exception:
+            pass
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def validate_sudo(self, *, force: bool = False) -> None:
+        """Give sudo the password once for this connection (`sudo -S -v -p ''`, stdin only, no pty).
+
+        No-op without device.sudo_password_env, or when this connection validated less than
+        SUDO_REFRESH_S ago (unless force). Raises DeviceError naming the variable when sudo refuses it."""
+        password = self._sudo_password()
+        if password is None:
+            return
+        with self._sudo_lock:
+            self.transport()  # a reconnect resets _sudo_validated_at
+            at = self._sudo_validated_at
+            if not force and at is not None and time.monotonic() - at < SUDO_REFRESH_S:
+                return
+            try:
+                code, out, err = self._exec("sudo -S -v -p ''", password + "\n", 60)
+            except _LocalDeadline:
+                raise DeviceError(f"device '{self.name}': `sudo -v` did not answer within 60 s") from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise ConnectionLost(f"lost the SSH connection to '{self.name}' while validating sudo: "
+                                     f"{self._scrub(str(exc)) or type(exc).__name__}") from None
+            if code != 0:
+                detail = self._scrub((err or out).strip().splitlines()[-1] if (err or out).strip() else f"exit {code}")
+                raise DeviceError(
+                    f"device '{self.name}': sudo refused the password from the environment variable "
+                    f"{self.sudo_password_env} (device.sudo_password_env): {detail}. Check the password, or use a "
+                    f"passwordless sudoers entry instead")
+            self._sudo_validated_at = time.monotonic()
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def run(self, argv, *, timeout=None, env=None, cwd=None, sudo: bool = False, stdin: Optional[str] = None) -> CommandResult:
+        argv = [str(a) for a in argv]
+        password = sudo and self._password_mode()
+        started = time.monotonic()
+        attempts = 2 if password else 1
+        for attempt in range(attempts):
+            if password:
+                self.validate_sudo(force=attempt > 0)
+            line = self.command_line(argv, timeout=timeout, sudo=sudo, env=env, cwd=cwd)
+            feed = stdin or ""
+            if password and not self._sudo_caches:
+                feed = self._sudo_password() + "\n" + feed  # read by `sudo -k -S` itself, never by the command
+            try:
+                code, out, err = self._exec(line, feed, None if timeout is None else timeout + _KILL_AFTER_S + _LOCAL_GRACE_S)
+            except _LocalDeadline:
+                raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s") from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise ConnectionLost(f"lost the SSH connection to '{self.name}' while running {argv[0]}: "
+                                     f"{self._scrub(str(exc)) or type(exc).__name__}") from None
+            if password and self._sudo_caches and _sudo_wants_password(code, out, err):
+                if attempt == 0:
+                    continue  # the cache expired (or another connection's): validate again, once
+                # A fresh validation did not help: this sudo keeps no credentials between commands.
+                log.info("device '%s': sudo keeps no credentials between commands; the password goes to "
+                         "`sudo -k -S` on each command's stdin from now on", self.name)
+                self._sudo_caches = False
+                return self.run(argv, timeout=timeout, env=env, cwd=cwd, sudo=sudo, stdin=stdin)
+            break
         if code == -1:
             raise ConnectionLost(f"lost the SSH connection to '{self.name}' while running {argv[0]} (no exit status)")
         if timeout is not None and code in (124, 137):
@@ -248,17 +438,44 @@ class SSHConnection(Connection):
         return CommandResult(argv, code, out, err, time.monotonic() - started)
 
     def sudo_argv(self, argv: Sequence[str]) -> list[str]:
+        """argv through sudo for use inside a pipeline. With a password: `sudo -k -S -p ''`, whose password
+        stream_lines sends on stdin (sudo's parent there is a pipeline shell, so the connection's cached
+        credentials do not apply; -k: sudo always reads the password itself)."""
         argv = [str(a) for a in argv]
-        return (["sudo", "-S", "-p", ""] if self._sudo_password() else ["sudo", "-n"]) + ["--", *argv]
+        if self._password_mode():
+            self.validate_sudo()  # a wrong password fails here, with the clear message
+            return [*_PIPE_SUDO, *argv]
+        return ["sudo", "-n", "--", *argv]
 
     def stream_lines(self, argv: Sequence[str], *, sudo: bool = False) -> "RemoteStream":
-        """Start a long-running command and iterate its output lines (tegrastats)."""
+        """Start a long-running command (under the guard) and iterate its output lines (tegrastats).
+
+        Without sudo the channel has a pty (its hang-up also ends the command when the channel closes).
+        With sudo (sudo=True, or sudo_argv inside argv) it has none: real sudo keys cached credentials by
+        tty, so a pty would not see this connection's; and nothing is ever written into a pty. stderr is
+        merged into the lines either way."""
         argv = [str(a) for a in argv]
+        password = self._sudo_password()
+        if sudo and password is not None:
+            self.validate_sudo()
+        feed = ""
+        if password is not None and ((sudo and not self._sudo_caches) or _has_seq(argv, _PIPE_SUDO)):
+            feed = password + "\n"
+        uses_sudo = sudo or _has_seq(argv, ["sudo", "-n", "--"]) or _has_seq(argv, _PIPE_SUDO)
         chan = self.transport().open_session()
-        chan.get_pty(width=1000)  # a pty ends the remote process when the channel closes
-        chan.exec_command(self.command_line(argv, sudo=sudo))
-        if self._sudo_password() and (sudo or "-S" in argv):
-            chan.sendall((self._sudo_password() + "\n").encode())
+        try:
+            if uses_sudo:
+                chan.set_combine_stderr(True)
+            else:
+                chan.get_pty(width=1000)
+            chan.exec_command(self.command_line(argv, sudo=sudo, stream=True))
+            if feed:
+                chan.sendall(feed.encode())
+            if uses_sudo:
+                chan.shutdown_write()
+        except BaseException:
+            chan.close()
+            raise
         return RemoteStream(chan)
 
     def exists(self, path: str) -> bool:
@@ -275,6 +492,23 @@ class SSHConnection(Connection):
 
 class _LocalDeadline(Exception):
     pass
+
+
+def _send_signal(chan: paramiko.Channel, name: str) -> None:
+    """An SSH "signal" request (RFC 4254 6.9; OpenSSH >= 7.9 sends it to the session's process group).
+    paramiko has no public call for it. Best effort: no reply is awaited."""
+    try:
+        if chan.closed or chan.transport is None or not chan.transport.is_active():
+            return
+        m = Message()
+        m.add_byte(cMSG_CHANNEL_REQUEST)
+        m.add_int(chan.remote_chanid)
+        m.add_string("signal")
+        m.add_boolean(False)
+        m.add_string(name)
+        chan.transport._send_user_message(m)
+    except Exception:
+        pass
 
 
 def _drain(chan: paramiko.Channel, deadline_s: Optional[float]) -> tuple[str, str]:
@@ -327,6 +561,7 @@ class RemoteStream:
                 yield line.decode(errors="replace").rstrip("\r")
 
     def close(self) -> None:
+        _send_signal(self.chan, "TERM")  # the guard ends the command's group (no pty: no hang-up)
         try:
             self.chan.close()
         except Exception:  # closing a dead channel is not an error worth reporting
