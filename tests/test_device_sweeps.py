@@ -204,3 +204,41 @@ def test_controller_stopped_at_each_step_then_the_next_start(emulated_jetson_fac
     client = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"], step
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_a_planted_sudo_password_appears_nowhere(emulated_jetson_factory, tmp_path, llama_build, bundled_model):
+    secret = "pl4nted-Secret-7731"
+    emu = emulated_jetson_factory("orin_nano_super", sudo_password=secret, reboot_delay_s=0.5, reboot_grace_s=0.2)
+    conf = write_conf(tmp_path, emu, sudo_password_env="JB_TEST_SUDO_PW")
+    results = tmp_path / "r"
+    argv = _sweep_argv(conf, llama_build, *_SHORT[:0], "backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2",
+                       "power.mode=7W,MAXN_SUPER", "power.jetson_clocks=true", "power.allow_reboot=true",
+                       "power.reboot_timeout_s=60", "telemetry.source=tegrastats", "telemetry.interval_ms=100",
+                       "telemetry.idle_s=1", "telemetry.cooldown_s=0")
+    argv = [a for a in argv if a not in ("backend.n_prompt=512", "backend.n_gen=256", "backend.repetitions=50")]
+    env = dict(os.environ, JBENCH_RESULTS_DIR=str(results), COLUMNS="200", JB_TEST_SUDO_PW=secret)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen_in_ps: list[str] = []
+    while proc.poll() is None:  # both machines' process lists (the emulated device is this machine)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        seen_in_ps += [line for line in ps.splitlines() if secret in line]
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, out + err
+    assert not seen_in_ps and secret not in out and secret not in err
+    # The reboot-needing mode really happened, on a device that needs a sudo password.
+    _, trials = _trials(f"sqlite:///{results}/mlflow.db", "adhoc")
+    assert {t.data.tags["power.mode_actual"] for t in trials} == {"7W", "MAXN_SUPER"}
+    assert emu.boot_count >= 2 and all(t.info.status == "FINISHED" for t in trials)
+    assert emu.clock_state()["mode_name"] == "25W"
+    # Nowhere in the store, its artifacts, or anything on the device.
+    found = []
+    for root in (results, Path(emu.state_dir), Path(emu.home)):
+        for path in Path(root).rglob("*"):
+            if path == Path(emu.state_dir) / "state.json":
+                continue  # the emulator's own account data (its /etc/shadow): the password is configured there
+            if path.is_file() and secret.encode() in path.read_bytes():
+                found.append(str(path))
+    assert found == []
