@@ -226,8 +226,9 @@ class LocalConnection(Connection):
             Reaper.forget(proc.pid)
         return CommandResult(shown, proc.returncode, out, err, time.monotonic() - start)
 
-    def stream_lines(self, argv) -> LineStream:
-        return LineStream([str(a) for a in argv])
+    def stream_lines(self, argv, *, sudo: bool = False) -> LineStream:
+        argv = [str(a) for a in argv]
+        return LineStream(self.sudo_argv(argv) if sudo else argv)
 
     def sudo_argv(self, argv) -> list[str]:
         argv = [str(a) for a in argv]
