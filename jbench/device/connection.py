@@ -85,8 +85,9 @@ class Connection(ABC):
         cannot be reached."""
 
     @abstractmethod
-    def stream_lines(self, argv: Sequence[str]) -> OutputLines:
-        """Start a long-running command; iterate its output lines; close() ends it on the device."""
+    def stream_lines(self, argv: Sequence[str], *, sudo: bool = False) -> OutputLines:
+        """Start a long-running command (as root through sudo when asked); iterate its output lines;
+        close() ends it on the device. It also ends when the controller stops or the connection drops."""
 
     @abstractmethod
     def sudo_argv(self, argv: Sequence[str]) -> list[str]:

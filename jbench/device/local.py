@@ -90,6 +90,16 @@ class Reaper:
                 pass
 
     @classmethod
+    def ensure_started(cls) -> None:
+        """Start the watchdog before a child is spawned, so the window in which a child is not yet
+        registered is a pipe write, not a Python start."""
+        with cls._lock:
+            try:
+                cls._pipe()
+            except OSError:
+                pass
+
+    @classmethod
     def watch(cls, pgid: int) -> None:
         cls._send(f"+{pgid}")
 
@@ -143,6 +153,7 @@ class LineStream:
 
     def __init__(self, argv: list[str]):
         # A session of its own, so close() ends the whole pipeline (bash, the tool, the stamper).
+        Reaper.ensure_started()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      text=True, errors="replace", bufsize=1, start_new_session=True)
         Reaper.watch(self.proc.pid)
@@ -194,6 +205,7 @@ class LocalConnection(Connection):
             full_env = dict(os.environ)
             full_env.update(env)
         start = time.monotonic()
+        Reaper.ensure_started()
         try:
             # A session (and process group) of its own: on a timeout or Ctrl-C the whole tree is
             # ended, not only the direct child (a `sh -c` wrapper, sudo, a tool's own workers).
@@ -226,8 +238,9 @@ class LocalConnection(Connection):
             Reaper.forget(proc.pid)
         return CommandResult(shown, proc.returncode, out, err, time.monotonic() - start)
 
-    def stream_lines(self, argv) -> LineStream:
-        return LineStream([str(a) for a in argv])
+    def stream_lines(self, argv, *, sudo: bool = False) -> LineStream:
+        argv = [str(a) for a in argv]
+        return LineStream(self.sudo_argv(argv) if sudo else argv)
 
     def sudo_argv(self, argv) -> list[str]:
         argv = [str(a) for a in argv]
