@@ -293,8 +293,8 @@ class SSHConnection(Connection):
         """The exact remote command line for argv (quoted; no config value can break out).
 
         A command with a timeout, and a stream, runs under the guard (GUARD): `sh -c GUARD jbench-guard
-        timeout --kill-after=5 T ARGV`. sudo without a password: `sudo -n -- timeout ... ARGV` inside the
-        guard. sudo with a password: `sudo -n -- sh -c GUARD ...`, sudo outermost and exec'd by the login
+        timeout --kill-after=5 T ARGV`. sudo without a password: `timeout ... sudo -n -- ARGV` inside the
+        guard (the sudoers entry then needs only the tools themselves, not `timeout`). sudo with a password: `sudo -n -- sh -c GUARD ...`, sudo outermost and exec'd by the login
         shell, so its parent is this connection's sshd process, which sudo's credential cache is keyed
         by (`sudo -k -S -p ''` instead when the device's sudo does not cache). Never contains the password."""
         argv = [str(a) for a in argv]
@@ -307,7 +307,7 @@ class SSHConnection(Connection):
             limit = ["timeout", f"--kill-after={_KILL_AFTER_S}", "0"]  # 0: no time limit
         password = sudo and self._password_mode()
         if sudo and not password:
-            argv = ["sudo", "-n", "--", *limit, *argv]
+            argv = [*limit, "sudo", "-n", "--", *argv]
             if limit:
                 argv = _guarded(argv)
         else:
