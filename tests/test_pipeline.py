@@ -103,6 +103,9 @@ class _Tracker:
     def end_run(self, run_id, status):
         self.runs[run_id]["status"] = status
 
+    def running_runs(self, exp_id):
+        return [(rid, dict(r["tags"]), dict(r["params"])) for rid, r in self.runs.items() if r["status"] == "RUNNING"]
+
 
 class _Scripted(Stage):
     """A measure stage that plays a script: exceptions to raise, then a result."""
