@@ -141,7 +141,6 @@ class DeviceLease:
     def acquire(self, wait_s: float = 0.0, *, on_wait: Optional[Callable[[str], None]] = None) -> None:
         """Hold the device or raise LeaseBusy naming the holder (after waiting up to wait_s)."""
         deadline = time.monotonic() + max(0.0, wait_s)
-        told = False
         with _HELD_LOCK:
             _HELD.setdefault(self.device["name"], set()).add(self.sweep_id)
         try:
