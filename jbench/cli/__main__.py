@@ -1,0 +1,3 @@
+from jbench.cli import main
+
+main()
