@@ -173,6 +173,9 @@ class TrackingConfig:
     results_dir: str = nonident("results")
     # None: the experiment's name.
     experiment_name: Optional[str] = nonident(None)
+    # A tracking server that does not answer at start: stop (exit 2) or spool (measure into results/spool/,
+    # `jbench sync` uploads it later). A server that dies mid-sweep is always spooled.
+    unreachable: str = nonident("stop")
 
 
 @dataclass

@@ -8,15 +8,40 @@ from typing import Optional
 
 import click
 
-from jbench.cli import _fail, console, main
+from jbench.cli import _fail, console, err_console, main
+
+
+def _results_dir(results_dir: Optional[str]) -> str:
+    import os
+
+    return results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results")
 
 
 def _results_tracker(results_dir: Optional[str]):
-    import os
+    """The store to read, never created here: none at the results directory (or a server that does not
+    answer) is one message and exit 2."""
+    from jbench.tracking.common import resolve_uri, server_problem, store_exists
 
+    results = _results_dir(results_dir)
+    uri = resolve_uri(None, results)
+    if not store_exists(uri):
+        raise _fail(f"no results store in {Path(results).resolve()} ({uri} does not exist): run a sweep first, "
+                    "or point --results-dir / $JBENCH_RESULTS_DIR at the directory that holds mlflow.db")
+    down = server_problem(uri)
+    if down:
+        raise _fail(f"tracking server {uri}: {down}. Start it, or unset MLFLOW_TRACKING_URI to read the local store")
     from jbench.tracking.writer import Tracker
 
-    return Tracker(None, results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results"))
+    return Tracker(None, results)
+
+
+def check_output(path: str, *, directory: bool) -> None:
+    """An --out path that cannot be written: one message, exit 2, before anything is read or made."""
+    from jbench.tracking.common import writable_problem
+
+    problem = writable_problem(path, directory=directory)
+    if problem:
+        raise _fail(f"cannot write {path}: {problem}. Give a writable --out path")
 
 
 _results_option = click.option("--results-dir", default=None,
@@ -57,6 +82,8 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
     from jbench.reporting.report import build_report
     from jbench.tracking.reader import runs_frame, telemetry_frame
 
+    if out_dir:
+        check_output(out_dir, directory=True)
     tracker = _results_tracker(results_dir)
     try:
         df = runs_frame(tracker, [experiment] if experiment else None, sweep_ids=[sweep_id] if sweep_id else None)
@@ -142,6 +169,7 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
     from jbench.reporting.report import export_frame
     from jbench.tracking.reader import runs_frame
 
+    check_output(out_path, directory=False)
     tracker = _results_tracker(results_dir)
     try:
         df = runs_frame(tracker, list(experiments) or None, kinds=None if all_kinds else ("trial",))
@@ -152,21 +180,117 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
 
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _newest_experiment(db: Path) -> Optional[str]:
+    """The id of the newest active experiment of a local store, read-only without MLflow."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            row = con.execute("SELECT experiment_id FROM experiments WHERE lifecycle_stage = 'active' "
+                              "AND experiment_id != '0' ORDER BY creation_time DESC LIMIT 1").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=5000, show_default=True)
-@click.option("--results-dir", default=None, help="Results directory (default: $JBENCH_RESULTS_DIR or ./results).")
-def ui(port: int, results_dir: Optional[str]) -> None:
-    """Open the MLflow UI on jbench's results."""
-    import os
+@_results_option
+def ui(host: str, port: int, results_dir: Optional[str]) -> None:
+    """Open the MLflow UI on jbench's results (an `mlflow server` serving the store and its artifacts)."""
+    import signal
     import subprocess
 
-    from jbench.tracking.common import resolve_uri
+    from jbench.tracking.common import artifacts_root, is_remote, local_path, resolve_uri, store_exists
 
-    results = results_dir or os.environ.get("JBENCH_RESULTS_DIR", "results")
+    results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
-    console.print(f"MLflow UI on http://127.0.0.1:{port} for {uri} (Ctrl-C to stop)", highlight=False)
-    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
-    if uri.startswith("sqlite:"):
-        argv += ["--default-artifact-root", (Path(results).resolve() / "artifacts").as_uri()]
-    raise SystemExit(subprocess.call(argv))
+    if is_remote(uri):
+        console.print(f"results are on the tracking server: open {uri}", highlight=False)
+        return
+    if not store_exists(uri):
+        raise _fail(f"no results store in {Path(results).resolve()} ({uri} does not exist): run a sweep first, "
+                    "or point --results-dir / $JBENCH_RESULTS_DIR at the directory that holds mlflow.db")
+    if _port_in_use(host, port):
+        raise _fail(f"port {port} on {host} is in use: give another one with --port")
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+            "--workers", "1"]
+    root = artifacts_root(uri)
+    if root is not None:  # mlflow-artifacts:/ locations served from the store's own directory, wherever it is
+        argv += ["--artifacts-destination", str(root)]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    exp = _newest_experiment(local_path(uri)) if uri.startswith("sqlite:") else None
+    link = f"http://{shown}:{port}/#/experiments/{exp}/runs" if exp else f"http://{shown}:{port}"
+    # The server and its workers are one process group of their own: stopped together, without tracebacks.
+    server = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    console.print(f"MLflow UI: {link}  ({uri}; Ctrl-C to stop)", highlight=False)
+    try:
+        _, err = server.communicate()
+    except KeyboardInterrupt:
+        import os
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        except ProcessLookupError:
+            pass
+        console.print("MLflow UI stopped", highlight=False)
+        return
+    if server.returncode:
+        lines = [ln for ln in (err or "").splitlines() if ln.strip()]
+        raise _fail(f"mlflow server exited with code {server.returncode}: {lines[-1] if lines else 'no message'}")
+
+
+@main.command()
+@click.option("--uri", default=None, help="The tracking server (default: $MLFLOW_TRACKING_URI, else the server "
+                                          "the spooled runs were meant for).")
+@_results_option
+def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
+    """Upload the spool (runs measured while the tracking server did not answer) to the server, exactly once."""
+    import os
+
+    results = _results_dir(results_dir)
+    from jbench.tracking.common import spool_dir
+
+    if not (spool_dir(results) / "mlflow.db").exists():
+        console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
+        return
+    from jbench.tracking.sync import SyncError, sync as run_sync, target_uri
+
+    try:
+        target = target_uri(results, uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        result = run_sync(results, target)
+    except SyncError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"synced {len(result.uploaded)} run(s) to {target}"
+                  + (f"; {result.already} synced before" if result.already else ""), highlight=False)
+    if result.running:
+        err_console.print(f"[yellow]{len(result.running)} spool run(s) still RUNNING were left for a later sync[/]",
+                          highlight=False)

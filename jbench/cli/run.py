@@ -86,6 +86,31 @@ def _history(plan_) -> dict:
         return {}
 
 
+def _check_store(plan_) -> bool:
+    """Before anything touches a device: the results directory and store can be written, and a tracking
+    server answers (else tracking.unreachable decides: stop, exit 2; or spool). True: spool from the start."""
+    from jbench.tracking.common import resolve_uri, server_problem, spool_dir, store_problem
+
+    results_dir = plan_.tracking["results_dir"]
+    uri = resolve_uri(plan_.tracking.get("uri"), results_dir)
+    problem = store_problem(uri, results_dir)
+    if problem:
+        raise _fail(f"cannot write results: {problem}. Set tracking.results_dir (or $JBENCH_RESULTS_DIR) "
+                    "to a writable directory")
+    choice = plan_.tracking.get("unreachable") or "stop"
+    if choice not in ("stop", "spool"):
+        raise _fail(f"tracking.unreachable={choice}: use stop or spool")
+    down = server_problem(uri)
+    if down is None:
+        return False
+    if choice == "stop":
+        raise _fail(f"tracking server {uri}: {down}. Start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or add "
+                    "tracking.unreachable=spool to measure into a local spool and upload it later with `jbench sync`")
+    console.print(f"[yellow]tracking server {uri}: {down}; measuring into the spool {spool_dir(results_dir)} "
+                  f"(`jbench sync` uploads it once the server is back)[/]", highlight=False)
+    return True
+
+
 def _execute(plan_, dry_run: bool) -> None:
     if plan_.problems:
         err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
@@ -136,11 +161,17 @@ def _execute(plan_, dry_run: bool) -> None:
         transient=False,
     )
 
+    spool_from_start = _check_store(plan_)
+
     def tracker():
         from jbench.tracking.writer import Tracker  # mlflow: only once the runner asks for a store
 
-        t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
-        console.print(f"tracking to {t.uri}", highlight=False)
+        def say(message: str) -> None:
+            progress.console.print(f"[yellow]{message}[/]", highlight=False)
+
+        t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"], spool=spool_from_start, notify=say)
+        if not spool_from_start:
+            console.print(f"tracking to {t.uri}", highlight=False)
         return t
 
     _sigterm_as_interrupt()

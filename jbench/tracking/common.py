@@ -1,6 +1,8 @@
-"""MLflow access shared by the writer and the reader: the store's URI and value conversions.
+"""MLflow access shared by the writer and the reader: the store's URI, checks that need no MLflow
+(server health, writable paths), value conversions and the quiet switches for MLflow itself.
 
-The `jbench.tracking` package is the only place that imports mlflow.
+The `jbench.tracking` package is the only place that imports mlflow; this module does not import it,
+so the checks before a sweep cost milliseconds.
 """
 
 from __future__ import annotations
@@ -8,11 +10,26 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
+import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
 # MLflow 3 sends usage telemetry of its own by default; jbench does not phone home for its users.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow's REST client retries 7 times with exponential backoff and a 120 s timeout (about 4 minutes before
+# it gives up on a dead server). jbench spools to a local store instead, so it wants to know in seconds.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+# MLflow's own output never reaches jbench's terminal: no artifact progress bars, no "View run" lines,
+# no logging configuration of its own (jbench's -v shows MLflow's logs through jbench's handler).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
 
 # MLflow's limits on a param value and on batch sizes.
 _MAX_PARAM_LEN = 6000
@@ -22,6 +39,12 @@ STATUS_FINISHED = "FINISHED"
 STATUS_FAILED = "FAILED"
 STATUS_KILLED = "KILLED"
 
+RUN_UID_TAG = "jbench.run_uid"  # jbench's identity of a run, the same on the server and in the spool
+SYNCED_TAG = "jbench.synced_to"  # on a spool run once `jbench sync` uploaded it: the server's run id
+SPOOL_DIR = "spool"  # under the results directory: a local store that holds what a server did not get
+LOCAL_ARTIFACTS = "mlflow-artifacts:/"  # experiments of a local store keep artifacts beside the store
+
+
 def resolve_uri(uri: Optional[str], results_dir: str | Path) -> str:
     """tracking.uri if set, else $MLFLOW_TRACKING_URI, else SQLite in results_dir."""
     if uri:
@@ -29,8 +52,41 @@ def resolve_uri(uri: Optional[str], results_dir: str | Path) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
+    return local_uri(results_dir)
+
+
+def local_uri(results_dir: str | Path) -> str:
     db = Path(results_dir).expanduser().resolve() / "mlflow.db"
     return f"sqlite:///{db}"
+
+
+def spool_dir(results_dir: str | Path) -> Path:
+    return Path(results_dir).expanduser().resolve() / SPOOL_DIR
+
+
+def is_remote(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def local_path(uri: str) -> Optional[Path]:
+    """The file or directory of a local store's URI (None for a server)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):])
+    if uri.startswith("file:"):
+        from urllib.parse import urlparse
+
+        return Path(urlparse(uri).path)
+    if "://" not in uri:
+        return Path(uri)
+    return None
+
+
+def artifacts_root(tracking_uri: str) -> Optional[Path]:
+    """Where a local SQLite store keeps its `mlflow-artifacts:/` artifacts: `artifacts/` beside the database,
+    wherever the store now lives (so a moved store finds them)."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri[len("sqlite:///"):]).parent / "artifacts"
+    return None
 
 
 def param_value(value: Any) -> str:
@@ -52,12 +108,81 @@ def _finite(value: Any) -> bool:
 def store_exists(uri: str) -> bool:
     """False for a local SQLite or file store that was never created (reading must not create one);
     True for anything else (a server is asked, not guessed)."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):]).exists()
-    if uri.startswith("file:"):
-        from urllib.parse import urlparse
+    path = local_path(uri)
+    return True if path is None else path.exists()
 
-        return Path(urlparse(uri).path).exists()
-    if "://" not in uri:
-        return Path(uri).exists()
-    return True
+
+# -- checks before anything runs (no MLflow import) ----------------------------------------------------
+
+def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
+    """Why the MLflow server at `uri` cannot be used, or None when its /health answers (local stores: None)."""
+    if not is_remote(uri):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status == 200:
+                return None
+            return f"its /health answered HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"its /health answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"it does not answer ({reason})"
+
+
+def writable_problem(path: str | Path, *, directory: bool = True) -> Optional[str]:
+    """Why `path` (a directory to create or fill, or a file to write) cannot be written, or None.
+    Tries a real file in the nearest existing directory: permission bits lie for root and on read-only mounts."""
+    path = Path(path).expanduser()
+    try:
+        path = path.resolve()
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if path.exists():
+        if directory and not path.is_dir():
+            return f"{path} is a file, not a directory"
+        if not directory and path.is_dir():
+            return f"{path} is a directory, not a file"
+        if not directory and not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    probe = path if path.is_dir() else path.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, so {path} cannot be created"
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".jbench-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{probe} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def _artifact_locations(db: Path) -> list[str]:
+    """The `file:` artifact locations of a local store's experiments (read-only, no MLflow)."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT artifact_location FROM experiments WHERE experiment_id != '0'").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+    return [r[0] for r in rows if r[0] and str(r[0]).startswith("file:")]
+
+
+def store_problem(uri: str, results_dir: str | Path) -> Optional[str]:
+    """Why a sweep cannot write to a local store (the results directory, the database, the artifact
+    locations of its experiments), or None. A server is checked by `server_problem`."""
+    db = local_path(uri)
+    if db is None:
+        return writable_problem(spool_dir(results_dir))  # where the spool would go if the server dies
+    problem = writable_problem(db.parent)
+    if problem is None and db.exists() and uri.startswith("sqlite:"):
+        problem = writable_problem(db, directory=False)
+    if problem is None and uri.startswith("sqlite:"):
+        root = artifacts_root(uri)
+        problem = writable_problem(root) if root else None
+        for location in _artifact_locations(db) if db.exists() else []:
+            problem = problem or writable_problem(local_path(location) or location)
+    return problem

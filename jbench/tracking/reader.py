@@ -13,7 +13,8 @@ from typing import Any, Iterable, Optional
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from jbench.tracking.common import resolve_uri
+import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
+from jbench.tracking.common import is_remote, resolve_uri, server_problem
 from jbench.trial import resume_key
 
 log = logging.getLogger("jbench")
@@ -429,6 +430,11 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
     (a few seconds for 10,000 runs where search_runs takes half a minute)."""
     if key not in ("identity", "config_hash"):
         raise ValueError(f"key must be 'identity' or 'config_hash', not {key!r}")
+    uri = str(uri_or_tracker) if isinstance(uri_or_tracker, str) else ""
+    if is_remote(uri) and server_problem(uri):
+        # The sweep measures into the spool (tracking.unreachable=spool): nothing can be resumed from a dead server.
+        log.warning("tracking server %s does not answer: no trial is skipped as already FINISHED", uri)
+        return {}
     if _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name) is None:
         return {}
     df = runs_frame(uri_or_tracker, [experiment_name], kinds=("trial",))

@@ -3,44 +3,148 @@
 Layout in MLflow: one experiment per jbench experiment name; one parent run per sweep (tag
 jbench.sweep_id); one child run per trial (tag mlflow.parentRunId). Everything is written through
 MlflowClient batches, so a trial costs a handful of store round trips.
+
+Nothing measured is lost when a tracking server dies: every run gets a jbench identity (tag
+jbench.run_uid) and the Tracker keeps a journal of the writes of each open run. When the server stops
+answering, the Tracker switches to a local spool store (results/spool/, a SQLite MLflow store), replays the
+journal of every open run there (so a run half-written on the server is complete in the spool), and
+sends every later write there. `jbench sync` (tracking.sync) uploads the spool once the server is back.
+
+A new write method takes the run id (as the caller knows it) first and is decorated with `@run_write`;
+it writes through `self.client` with the run id it is given and takes its timestamps from `self.now_ms()`
+(a replay in the spool then records the original time, so `jbench sync` can tell a metric point the server
+already has). That is all it takes to be journaled and spooled. A write to an experiment takes the experiment id first and is decorated with
+`@experiment_write`.
 """
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from jbench.tracking.common import _BATCH, _finite, param_value, resolve_uri
+import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
+from jbench.tracking.common import (
+    _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, resolve_uri, spool_dir,
+)
+
+PARENT_UID_TAG = "jbench.parent_uid"  # the parent's identity: sync links a child to its parent on the server
+SPOOLED_FOR_TAG = "jbench.spooled_for"  # on a spool run: the server it was meant for
+_SPOOL_PREFIX = "spool:"  # experiment ids handed out while spooling (never confused with the server's)
+
+_DOWN_MARKERS = ("Max retries exceeded", "Connection refused", "Failed to establish", "Connection aborted",
+                 "RemoteDisconnected", "Read timed out", "too many 50", "Connection reset", "timed out")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True when `exc` (or what caused it) says the tracking server did not answer, not that it refused a request."""
+    import requests
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError,
+                            TimeoutError)):
+            return True
+        if any(m in str(exc) for m in _DOWN_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def run_write(fn: Callable) -> Callable:
+    """A write to one run, run id first: journaled while the run is open, spooled once the server is gone."""
+
+    @functools.wraps(fn)
+    def wrapper(self: "Tracker", run_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._dispatch(fn, run_id, args, kwargs)
+
+    return wrapper
+
+
+def experiment_write(fn: Callable) -> Callable:
+    """A write to one experiment, experiment id first: goes to the spool's experiment once the server is gone
+    (`jbench sync` copies experiment tags)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: "Tracker", experiment_id: str, *args: Any, **kwargs: Any) -> Any:
+        if self.spooling is None:
+            try:
+                return fn(self, experiment_id, *args, **kwargs)
+            except Exception as exc:
+                if not (self._remote and unreachable(exc)):
+                    raise
+                self._fail_over(exc)
+        return fn(self, self._spool_experiment(experiment_id), *args, **kwargs)
+
+    return wrapper
 
 
 class Tracker:
-    def __init__(self, uri: Optional[str] = None, results_dir: str | Path = "results"):
+    def __init__(self, uri: Optional[str] = None, results_dir: str | Path = "results", *, spool: bool = False,
+                 notify: Callable[[str], None] = lambda message: None):
         self.results_dir = Path(results_dir).expanduser().resolve()
         self.uri = resolve_uri(uri, self.results_dir)
+        self.notify = notify
+        self._remote = is_remote(self.uri)
+        self.spooling: Optional[str] = None  # why writes go to the spool (None: to self.uri)
+        self.spool_uri = local_uri(spool_dir(self.results_dir))
+        self._journal: dict[str, list[tuple]] = {}  # open run id -> its creation, then its writes
+        self._run_ids: dict[str, str] = {}  # run id on the server -> the same run in the spool
+        self._experiments: dict[str, str] = {}  # experiment id on the server -> its name
+        self._uids: dict[str, str] = {}  # run id (server or spool) -> its jbench.run_uid
+        self._spool_runs: set[str] = set()  # runs created in the spool
+        self._clock: Optional[int] = None  # the original time of the write being replayed
         if self.uri.startswith("sqlite:"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
         self._local_store = self.uri.startswith(("sqlite:", "file:")) or "://" not in self.uri
+        if spool:
+            self._fail_over(None)
+
+    @property
+    def target_uri(self) -> str:
+        """Where writes go now: the tracking URI, or the spool once the server is gone."""
+        return self.spool_uri if self.spooling is not None else self.uri
 
     # -- experiments and runs ------------------------------------------------------------------
 
     def experiment_id(self, name: str) -> str:
+        if self.spooling is None:
+            try:
+                exp_id = self._experiment_id(name)
+                self._experiments[exp_id] = name
+                return exp_id
+            except Exception as exc:
+                if not (self._remote and unreachable(exc)):
+                    raise
+                self._fail_over(exc)
+        return _SPOOL_PREFIX + self._experiment_id(name)
+
+    def _experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 self.client.restore_experiment(exp.experiment_id)
             return exp.experiment_id
         location = None
-        if self._local_store:
-            # Artifacts beside the store under results/, not in ./mlruns of whatever the cwd is.
-            location = (self.results_dir / "artifacts" / name).as_uri()
+        if self._local_store or self.spooling is not None:
+            # Not an absolute path: artifacts live in artifacts/ beside the store, wherever it is moved
+            # (jbench.tracking.artifacts), never in ./mlruns of whatever the cwd is.
+            location = LOCAL_ARTIFACTS + name
         return self.client.create_experiment(name, artifact_location=location)
+
+    def _spool_experiment(self, experiment_id: str) -> str:
+        if experiment_id.startswith(_SPOOL_PREFIX):
+            return experiment_id[len(_SPOOL_PREFIX):]
+        return self._experiment_id(self._experiments[experiment_id])
 
     def start_run(
         self,
@@ -51,14 +155,87 @@ class Tracker:
         params: Optional[dict[str, Any]] = None,
         tags: Optional[dict[str, Any]] = None,
     ) -> str:
-        run_tags = {MLFLOW_RUN_NAME: name}
-        if parent_run_id:
-            run_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
-        run = self.client.create_run(experiment_id, run_name=name, tags=run_tags)
-        run_id = run.info.run_id
+        """A new run with its jbench identity (tag jbench.run_uid), created in one call with its name and parent."""
+        creation = (experiment_id, name, parent_run_id, uuid.uuid4().hex, int(time.time() * 1000))
+        run_id = None
+        if self.spooling is None:
+            try:
+                run_id = self._create(*creation)
+            except Exception as exc:
+                if not (self._remote and unreachable(exc)):
+                    raise
+                self._fail_over(exc)
+        if run_id is None:
+            run_id = self._create(*creation)
+        else:
+            self._journal[run_id] = [creation]
         self.log(run_id, params=params, tags=tags)
         return run_id
 
+    def _create(self, experiment_id: str, name: str, parent_run_id: Optional[str], uid: str, start: int) -> str:
+        run_tags = {MLFLOW_RUN_NAME: name, RUN_UID_TAG: uid}
+        if self.spooling is not None:
+            experiment_id = self._spool_experiment(experiment_id)
+            run_tags[SPOOLED_FOR_TAG] = self.uri
+        if parent_run_id:
+            run_tags[MLFLOW_PARENT_RUN_ID] = self._run_ids.get(parent_run_id, parent_run_id)
+            parent_uid = self._uids.get(parent_run_id)
+            if parent_uid:
+                run_tags[PARENT_UID_TAG] = parent_uid
+        run = self.client.create_run(experiment_id, start_time=start, run_name=name, tags=run_tags)
+        self._uids[run.info.run_id] = uid
+        if self.spooling is not None:
+            self._spool_runs.add(run.info.run_id)
+        return run.info.run_id
+
+    def now_ms(self) -> int:
+        """The time of the write being made (its original time while it is replayed into the spool)."""
+        return self._clock if self._clock is not None else int(time.time() * 1000)
+
+    def _dispatch(self, fn: Callable, run_id: str, args: tuple, kwargs: dict) -> Any:
+        self._clock = at = int(time.time() * 1000)
+        try:
+            if self.spooling is None:
+                try:
+                    result = fn(self, run_id, *args, **kwargs)
+                except Exception as exc:
+                    if not (self._remote and unreachable(exc)):
+                        raise
+                    self._fail_over(exc)  # replays the journal; this write follows in the spool
+                    self._clock = at
+                else:
+                    if run_id in self._journal:
+                        if fn.__name__ == "end_run":
+                            del self._journal[run_id]  # complete on the server: nothing to replay
+                        else:
+                            self._journal[run_id].append((at, fn, args, kwargs))
+                    return result
+            target = self._run_ids.get(run_id, run_id)
+            if target not in self._spool_runs:
+                raise RuntimeError(f"run {run_id} is on {self.uri}, which does not answer, and was not opened "
+                                   "by this sweep: it cannot be spooled; retry once the server is back")
+            return fn(self, target, *args, **kwargs)
+        finally:
+            self._clock = None
+
+    def _fail_over(self, exc: Optional[BaseException]) -> None:
+        """Send every write to the spool from now on, and re-create there every run still open on the server."""
+        reason = "at start" if exc is None else f"{type(exc).__name__}"
+        self.spooling = reason
+        spool = spool_dir(self.results_dir)
+        spool.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=self.spool_uri)
+        for run_id, entries in list(self._journal.items()):
+            self._run_ids[run_id] = self._create(*entries[0])
+            for at, fn, args, kwargs in entries[1:]:
+                self._clock = at
+                fn(self, self._run_ids[run_id], *args, **kwargs)
+        self._clock = None
+        self._journal.clear()
+        self.notify(f"tracking server {self.uri} does not answer; measuring on into the spool {spool} "
+                    f"(`jbench sync` uploads it once the server is back)")
+
+    @run_write
     def log(
         self,
         run_id: str,
@@ -70,7 +247,7 @@ class Tracker:
     ) -> None:
         """Params, tags and metrics in as few batches as MLflow allows. NaN metrics are skipped:
         a missing measurement stays missing (its reason is a tag), it is never logged as a number."""
-        now = int(time.time() * 1000)
+        now = self.now_ms()
         p = [Param(k, param_value(v)) for k, v in (params or {}).items()]
         t = [RunTag(k, param_value(v)) for k, v in (tags or {}).items()]
         m = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
@@ -80,6 +257,7 @@ class Tracker:
             self.client.log_batch(run_id, metrics=m[:1000], params=p[:_BATCH], tags=t[:_BATCH])
             p, t, m = p[_BATCH:], t[_BATCH:], m[1000:]
 
+    @run_write
     def log_series(self, run_id: str, series: dict[str, list[tuple[float, float]]]) -> None:
         """Time series as metrics with their own timestamps (epoch seconds), one step per sample,
         so the MLflow UI charts them against wall time (e.g. system/device/power_w)."""
@@ -88,11 +266,13 @@ class Tracker:
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
+    @run_write
     def log_files(self, run_id: str, files: Iterable[tuple[str, Path]]) -> None:
         """Existing files as artifacts: (artifact dir, '' for the root; local path) pairs."""
         for artifact_dir, path in files:
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_dir or None)
 
+    @run_write
     def log_texts(self, run_id: str, files: dict[str, str]) -> None:
         """Artifacts given as {relative path: text}, uploaded in one call."""
         if not files:
@@ -106,10 +286,21 @@ class Tracker:
 
     def running_runs(self, experiment_id: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
         """(run id, tags, params) of the experiment's runs still marked RUNNING."""
+        if self.spooling is None:
+            try:
+                return self._running_runs(experiment_id)
+            except Exception as exc:
+                if not (self._remote and unreachable(exc)):
+                    raise
+                self._fail_over(exc)
+        return self._running_runs(self._spool_experiment(experiment_id))
+
+    def _running_runs(self, experiment_id: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
         runs = self.client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
                                        max_results=10000)
         return [(r.info.run_id, dict(r.data.tags), dict(r.data.params)) for r in runs]
 
+    @run_write
     def end_run(self, run_id: str, status: str) -> None:
-        self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
-
+        self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)),
+                                   end_time=self.now_ms())
