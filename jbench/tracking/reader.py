@@ -433,7 +433,7 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
     uri = str(uri_or_tracker) if isinstance(uri_or_tracker, str) else ""
     if is_remote(uri) and server_problem(uri):
         # The sweep measures into the spool (tracking.unreachable=spool): nothing can be resumed from a dead server.
-        log.warning("tracking server %s does not answer: no trial is skipped as already FINISHED", uri)
+        log.info("tracking server %s does not answer: no trial is skipped as already FINISHED", uri)
         return {}
     if _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name) is None:
         return {}
