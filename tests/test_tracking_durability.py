@@ -175,6 +175,7 @@ def test_server_killed_mid_sweep_is_spooled_and_synced_once(tmp_path, llama_buil
         spool = MlflowClient(f"sqlite:///{results}/spool/mlflow.db")
         exp = spool.get_experiment_by_name("adhoc")
         spooled = spool.search_runs([exp.experiment_id])
+        assert {r.data.tags["jbench.kind"] for r in spooled} == {"sweep", "trial"}  # the open parent was re-created
         assert spooled and all(r.data.tags.get("jbench.synced_to") in {s["id"] for s in state.values()} for r in spooled)
         res = jbench_cli(["sync"], env_extra={"MLFLOW_TRACKING_URI": uri, "JBENCH_RESULTS_DIR": str(results)})
         assert res.returncode == 0 and "synced 0 run(s)" in res.stdout, res.stdout + res.stderr
