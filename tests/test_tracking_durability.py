@@ -280,3 +280,14 @@ def test_moved_store_keeps_working_and_ui_serves_old_and_new_artifacts(tmp_path,
     assert "Traceback" not in out + err, err
     with pytest.raises(OSError):  # the server and its workers are gone
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    # Ctrl-C (SIGINT) stops it the same way.
+    ui = subprocess.Popen([str(exe), "ui", "--port", str(port), "--results-dir", str(moved)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/health", ui)
+    finally:
+        ui.send_signal(signal.SIGINT)
+        out, err = ui.communicate(timeout=30)
+    assert "Traceback" not in out + err and "stopped" in out, out + err
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)

@@ -245,6 +245,7 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)  # also when started in the background, where SIGINT starts out ignored
     console.print(f"MLflow UI: {link}  ({uri}; Ctrl-C to stop)", highlight=False)
     try:
         _, err = server.communicate()
