@@ -16,8 +16,9 @@ from rich.console import Console
 
 from jbench import __version__
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: messages are never hard-wrapped (a pipe is 80 columns to rich); tables still fit the width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 EXIT_FAILED_TRIALS = 1  # also: `regress` found a regression, a device check failed
 EXIT_USER_ERROR = 2

@@ -39,10 +39,11 @@ def _with_results_dir(overrides, results_dir: Optional[str]) -> list[str]:
 
 
 def _plan(overrides, config_dirs, use_grid: bool):
-    from jbench.config import ConfigError, user_config_dirs
+    from jbench.config import ConfigError, check_overrides, user_config_dirs
     from jbench.sweeps.plan import plan
 
     try:
+        check_overrides(list(overrides))
         dirs = user_config_dirs(list(config_dirs))
         return plan(list(overrides), dirs, use_grid=use_grid)
     except ConfigError as exc:
@@ -316,8 +317,9 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             row["estimate_s"] = round(wall, 1) if wall else None
             row["already_finished"] = t.resume_key in history
             est = f"~{wall:.0f} s" if wall else "no estimate"
-            console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{escape(t.label)}  {t.config_hash}  "
-                          f"{est}[/]", highlight=False)
+            full = f"{escape(t.label)}  " if t.label != trial_label(t, keys) else ""
+            console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{full}{t.config_hash}  {est}[/]",
+                          highlight=False)
         done = sum(1 for t in plan_.trials if t.resume_key in history)
         console.print(f"estimated duration: {known / 60:.1f} min for {len(plan_.trials) - unknown} trial(s) from earlier "
                       f"runs of the same configuration; {unknown} trial(s) without history"
@@ -369,7 +371,7 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
     resolved config of every planned trial, one YAML document each. Nothing runs, no store is touched."""
     from omegaconf import OmegaConf
 
-    from jbench.config import ConfigError, compose, user_config_dirs
+    from jbench.config import ConfigError, check_overrides, compose, user_config_dirs
     from jbench.sweeps.plan import split_overrides
 
     def select(config: dict) -> Any:
@@ -385,6 +387,7 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
 
     if what == "job":
         try:
+            check_overrides(list(overrides))
             dirs = user_config_dirs(list(config_dirs))
             plain, dims = split_overrides(list(overrides))
             cfg, _ = compose(plain, dirs)
@@ -407,10 +410,11 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
 
 def _show_info(overrides, config_dirs) -> None:
     """--info: where configs come from, what this command line picks, and the choices of every group."""
-    from jbench.config import CONFIG_MODULE, ConfigError, available_choices, compose, user_config_dirs
+    from jbench.config import CONFIG_MODULE, ConfigError, available_choices, check_overrides, compose, user_config_dirs
     from jbench.sweeps.plan import split_overrides
 
     try:
+        check_overrides(list(overrides))
         dirs = user_config_dirs(list(config_dirs))
         plain, dims = split_overrides(list(overrides))
         _, choices = compose(plain, dirs)
