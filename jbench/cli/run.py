@@ -284,6 +284,24 @@ def _history(plan_) -> dict:
         return {}
 
 
+# URI schemes an MLflow store can have (a plain path is a file store).
+_STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+
+
+def _check_store_uri(plan_) -> None:
+    """A tracking URI MLflow cannot open is a user error before anything runs (not an MLflow traceback later)."""
+    from urllib.parse import urlparse
+
+    from jbench.tracking.common import resolve_uri
+
+    uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if scheme not in _STORE_SCHEMES:
+        source = "tracking.uri" if plan_.tracking.get("uri") else "$MLFLOW_TRACKING_URI"
+        raise _fail(f"{source} '{uri}' is not a tracking store MLflow can open: give http(s)://HOST:PORT for an "
+                    f"MLflow server, sqlite:///PATH, or unset it to use the results directory")
+
+
 def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     # With -o FORMAT stdout carries only the summary; every message and the progress go to stderr.
     console = globals()["console"] if fmt == "table" else err_console
@@ -295,6 +313,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         raise click.exceptions.Exit(EXIT_USER_ERROR)
     if not plan_.trials:
         raise _fail("the sweep has no trials")
+    _check_store_uri(plan_)
     console.print(f"[bold]{escape(plan_.experiment)}[/]: {len(plan_.trials)} trial(s)"
                   + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""), highlight=False)
     for note in plan_.notes:

@@ -25,12 +25,13 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
     import json
 
     from jbench.analysis.roofline import RooflineError
+    from jbench.config import ConfigError
     from jbench.reporting.roofline import roofline_figures
 
     try:
         fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
                                bandwidth_gbs=bandwidth_gbs, config_dirs=list(config_dirs))
-    except (RooflineError, ValueError) as exc:
+    except (RooflineError, ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
         click.echo(json.dumps(fig, indent=2))
