@@ -182,6 +182,8 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
         df = runs_frame(tracker, list(experiments) or None, kinds=None if all_kinds else ("trial",))
     except LookupError as exc:
         raise _unknown_experiment(tracker, exc) from None
+    if df.empty:  # an empty file would look like a successful export
+        raise _fail(f"no {'runs' if all_kinds else 'trial runs'} to export in {tracker.uri}; run a sweep first")
     try:
         path = export_frame(df, out_path)
     except (ValueError, OSError) as exc:
