@@ -333,24 +333,50 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
                 return_hydra_config=True,
             )
         except Exception as exc:  # Hydra raises several types; all are user input problems here
-            raise ConfigError(explain_compose_error(exc, dirs)) from None
+            raise ConfigError(explain_compose_error(exc, dirs, overrides)) from None
     choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items()
                if not k.startswith("hydra/") and v is not None}
     with open_dict(cfg):
         del cfg["hydra"]
+    _check_interpolations(cfg)
     return cfg, choices
+
+
+def _check_interpolations(cfg) -> None:
+    """Resolve every ${...} once now, so a bad one is one message here, not a traceback while planning."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False) if key != "?" else None
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        for part in key.split("."):
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        reason = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"{key}: cannot resolve {raw if isinstance(raw, str) else node!r} ({reason}). ${{...}} in a value is an "
+            "interpolation; for a literal '$' write '\\${...}' inside quotes, e.g. 'key=\"\\${x}\"'") from None
 
 
 _GROUPS = ("device", "backend", "model", "experiment", "tracking", "profile")
 
 
-def explain_compose_error(exc: Exception, config_dirs: list[Path]) -> str:
-    """Turn a Hydra/OmegaConf error into one message that names the key and the valid values."""
+def explain_compose_error(exc: Exception, config_dirs: list[Path], overrides: Optional[List[str]] = None) -> str:
+    """Turn a Hydra/OmegaConf/YAML error into one message that names the key (or file) and the fix."""
+    import yaml
+
+    overrides = list(overrides or [])
+    if isinstance(exc, yaml.YAMLError):
+        return _yaml_error(exc, config_dirs)
     msg = str(exc).strip()
     cause = exc.__cause__
     while cause is not None:  # Hydra wraps the OmegaConf error that names the key
         msg += "\n" + str(cause)
         cause = cause.__cause__
+    where = _user_file(msg, config_dirs)  # "In 'device/mine': ..." of a file in the user's config dirs
     # Unknown group option: "Could not find 'model/foo'" / "In 'config': Could not find 'experiment/x'"
     m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'", msg)
     if m and m.group(1) in _GROUPS:
@@ -361,12 +387,19 @@ def explain_compose_error(exc: Exception, config_dirs: list[Path]) -> str:
     if m:
         key = m.group(1)
         full = re.search(r"full_key: (\S+)", msg)
-        where = full.group(1) if full else key
-        return f"unknown config key '{where}'. {_valid_keys_hint(where)}"
+        dotted = full.group(1) if full else key
+        return f"{where}unknown config key '{dotted}'. {_valid_keys_hint(dotted, _backend_choice(overrides))}"
     m = re.search(r"Could not override '([^']+)'", msg)
     if m:
         key = m.group(1)
-        return f"unknown config key '{key}'. {_valid_keys_hint(key)} (use +{key}=... only to add new keys to free-form maps)"
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), None)
+        if key in _GROUPS and key not in ("device", "backend", "model", "tracking"):
+            # `experiment` is not in the defaults list: it is added, with `+`.
+            valid = available_choices(key, config_dirs)
+            fix = f"+{key}={value}" if value in valid else f"+{key}=NAME (one of: {', '.join(valid)})"
+            return f"'{key}={value}': {key} is added to the config, not overridden: write {fix}"
+        return (f"unknown config key '{key}'. {_valid_keys_hint(key, _backend_choice(overrides))} "
+                f"(use +{key}=... only to add new keys to free-form maps)")
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
     if m:
         full = re.search(r"full_key: (\S+)", msg)
@@ -378,15 +411,105 @@ def explain_compose_error(exc: Exception, config_dirs: list[Path]) -> str:
         key = full.group(1) if full else "?"
         want = "a list, e.g. [a,b]" if "List" in m.group(2) else m.group(2)
         return f"bad value for {key}: got {m.group(1)}, expected {want}"
-    m = re.search(r"mismatched input|no viable alternative|extraneous input", msg)
+    m = re.search(r"mismatched input|no viable alternative|extraneous input|token recognition error|"
+                  r"Error parsing override", msg)
     if m:
+        return _malformed(msg, overrides)
+    return where + (msg.splitlines()[0] if msg else type(exc).__name__)
+
+
+def check_overrides(overrides: List[str]) -> None:
+    """Raise ConfigError (naming the override and the fix) when a command-line override does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as exc:
+        raise ConfigError(_malformed(str(exc), list(overrides))) from None
+
+
+def _malformed(msg: str, overrides: List[str]) -> str:
+    """A Hydra override that does not parse: name it, and say when its value needs quotes."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    bad = None
+    for i, o in enumerate(overrides):
+        try:
+            parser.parse_overrides([o])
+        except Exception:
+            bad = i
+            break
+    if bad is None:
         return f"malformed override: {msg.splitlines()[0]}. Overrides look like key=value, group=name or key=a,b,c"
-    return msg.splitlines()[0] if msg else type(exc).__name__
+    o = overrides[bad]
+    key, eq, value = o.partition("=")
+    if not eq:
+        before = overrides[bad - 1] if bad else None
+        if before is not None and "=" in before:
+            return (f"'{o}' is not an override (key=value); if it belongs to the value before it, quote the whole "
+                    f"value so the shell passes one word: '{before.split('=', 1)[0]}=\"{before.split('=', 1)[1]} {o}\"'")
+        return f"'{o}' is not an override: overrides look like key=value, group=name, +experiment=NAME or key=a,b,c"
+    if value.startswith("[") and not value.rstrip().endswith("]"):
+        return f"the list given to {key} is not closed: write {key}=[a,b] (or key=a,b to sweep the values)"
+    if re.search(r"[\s=:'\"\[\]{}(),\\]", value) or value == "":
+        inner = value.replace("\\", "\\\\").replace("'", "\\'")
+        return (f"the value of {key} needs quotes ({value!r} holds characters the override syntax reserves): "
+                f"write {key}='{inner}' and quote that for your shell, e.g. \"{key}='{inner}'\"")
+    return f"malformed override '{o}': {msg.splitlines()[0]}. Overrides look like key=value, group=name or key=a,b,c"
 
 
-def _valid_keys_hint(dotted: str) -> str:
-    """List the valid keys of the section a dotted key points into."""
+def _backend_choice(overrides: List[str]) -> Optional[str]:
+    """The backend a command line selects (backend=NAME), else the packaged default."""
+    for o in reversed(overrides):
+        key, eq, value = o.partition("=")
+        if eq and key.lstrip("+~") == "backend" and "," not in value:
+            return value
+    from importlib.resources import files
+
+    import yaml
+
+    defaults = yaml.safe_load(files(CONFIG_MODULE).joinpath("config.yaml").read_text()).get("defaults", [])
+    return next((d["backend"] for d in defaults if isinstance(d, dict) and "backend" in d), None)
+
+
+def _user_file(msg: str, config_dirs: list[Path]) -> str:
+    """'<path>: ' for a config named in a Hydra message ("In 'device/mine'") that is one of the user's files."""
+    m = re.search(r"In '([\w/.-]+)'", msg)
+    if not m:
+        return ""
+    for d in config_dirs:
+        path = d / f"{m.group(1)}.yaml"
+        if path.is_file():
+            return f"{path}: "
+    return ""
+
+
+def _yaml_error(exc: Exception, config_dirs: list[Path]) -> str:
+    """A YAML syntax error: Hydra parses file contents without their names, so find the user's file that fails."""
+    import yaml
+
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    for d in config_dirs:
+        for path in sorted(d.rglob("*.yaml")):
+            try:
+                yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                line = f":{mark.line + 1}" if mark is not None else ""
+                return f"{path}{line}: YAML syntax error: {getattr(e, 'problem', None) or e}"
+            except OSError:
+                continue
+    mark = getattr(exc, "problem_mark", None)
+    return f"YAML syntax error{f' at line {mark.line + 1}' if mark else ''}: {problem}"
+
+
+def _valid_keys_hint(dotted: str, backend: Optional[str] = None) -> str:
+    """The closest valid keys (difflib) of the section a dotted key points into; for `backend`, of the
+    selected backend only. Without a close match, the section's keys (short sections) or where to look."""
     import dataclasses
+    import difflib
 
     section = dotted.split(".")[0]
     schema = {
@@ -400,14 +523,30 @@ def _valid_keys_hint(dotted: str) -> str:
         "energy": EnergyConfig,
         "thermal": ThermalConfig,
     }.get(section)
+    leaf = dotted.split(".")[1] if "." in dotted else dotted
+    what = f"{section} keys"
     if section == "backend":
         from jbench.backends.base import backend_schemas
 
-        names = sorted({f.name for s in backend_schemas().values() for f in dataclasses.fields(s)})
-        return f"Valid backend keys: {', '.join(names)}"
-    if schema is None:
-        return f"Valid top-level keys: {', '.join(f.name for f in dataclasses.fields(JBenchConfig))}"
-    return f"Valid {section} keys: {', '.join(f.name for f in dataclasses.fields(schema))}"
+        schemas = backend_schemas()
+        schema = schemas.get(backend or "")
+        if schema is None:
+            names = sorted({f.name for s in schemas.values() for f in dataclasses.fields(s)})
+        what = f"keys of backend '{backend}'" if schema is not None else "backend keys"
+    if section == "backend" and schema is None:
+        pass
+    elif schema is None:
+        names = [f.name for f in dataclasses.fields(JBenchConfig)]
+        leaf, what = section, "top-level keys"
+    else:
+        names = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
+    if close:
+        prefix = "" if what == "top-level keys" else f"{section}."
+        return "Did you mean " + " or ".join(f"{prefix}{c}" for c in close) + "?"
+    if len(names) <= 12:
+        return f"Valid {what}: {', '.join(names)}"
+    return f"None of the {len(names)} {what} is close to '{leaf}'; `jbench run --cfg job -p {section}` lists them"
 
 
 def load_profile(name: str, config_dirs: Optional[List[Path]] = None) -> dict:

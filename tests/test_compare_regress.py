@@ -309,7 +309,8 @@ def test_insufficient_data_is_not_a_pass():
     df, samples = history(sweeps=4, reps=2, last_factor=0.5, seed=6)
     rep = regress(df, samples, baseline="last")
     assert {r.status for r in rep.results} == {"insufficient-data"}
-    assert rep.exit_code == 0
+    assert rep.exit_code == 3  # no verdict: an untested configuration never turns CI green
+    assert rep.to_markdown().startswith("# jbench regress: NO VERDICT: insufficient data for 3 of 3")
     assert "need >= 3" in rep.results[0].checks[0].reason
     junit = ET.fromstring(rep.to_junit_xml())
     assert junit.get("skipped") == "3"

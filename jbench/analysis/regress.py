@@ -32,7 +32,9 @@ For each (device, config hash) over FINISHED trial runs:
 
 Configuration status (first that applies): insufficient-data (no rate testable), changed-environment,
 regression (any rate), insufficient-data (some rate untestable), improvement, pass.
-Exit code: 1 when any configuration has status 'regression', else 0.
+Exit code: 1 when any configuration has status 'regression'; else 3 ("no verdict") when any
+configuration is insufficient-data or there is none to check (an untested configuration must not
+turn a CI job green); else 0.
 With many configurations, alpha = 0.01 alone would flag about 1 in 100 stable ones; the effect-size
 floor (3 % and 3x noise) is what keeps the false-positive rate on noise near zero.
 """
@@ -60,7 +62,11 @@ from jbench.analysis.compare import (
 )
 from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
 
-__all__ = ["FINGERPRINT_TAGS", "MetricCheck", "ConfigResult", "RegressError", "RegressReport", "regress"]
+__all__ = ["FINGERPRINT_TAGS", "MetricCheck", "ConfigResult", "NoData", "RegressError", "RegressReport", "regress",
+           "EXIT_REGRESSION", "EXIT_NO_VERDICT"]
+
+EXIT_REGRESSION = 1
+EXIT_NO_VERDICT = 3  # the same code as jbench.cli.EXIT_NO_VERDICT (docs/cli.md)
 
 FINGERPRINT_TAGS = ("jetson.jetpack", "jetson.l4t", "backend.build_commit", "model.sha256", "host.kernel")
 DEFAULT_METRICS = ("decode_tps", "prefill_tps")
@@ -80,6 +86,10 @@ BASELINE_TAG = "tags.jbench.baseline"
 
 class RegressError(ValueError):
     """The regression check cannot run as asked; the message says why."""
+
+
+class NoData(RegressError):
+    """Nothing to test (no finished trial runs): no verdict, not a user error."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,23 @@ class RegressReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(r.status == REGRESSION for r in self.results) else 0
+        if any(r.status == REGRESSION for r in self.results):
+            return EXIT_REGRESSION
+        if not self.results or any(r.status == INSUFFICIENT for r in self.results):
+            return EXIT_NO_VERDICT
+        return 0
+
+    @property
+    def verdict_reason(self) -> str:
+        """Why there is no verdict ("" when there is one)."""
+        if self.exit_code != EXIT_NO_VERDICT:
+            return ""
+        if not self.results:
+            return "no configuration to check"
+        untested = [r for r in self.results if r.status == INSUFFICIENT]
+        reasons = sorted({c.reason for r in untested for c in r.checks if c.verdict == INSUFFICIENT and c.reason})
+        return (f"insufficient data for {len(untested)} of {len(self.results)} configuration(s): "
+                + "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else ""))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -163,6 +189,8 @@ class RegressReport:
             "baseline": self.baseline,
             "rule": {"alpha": self.alpha, "min_change": self.min_change, "noise_factor": self.noise_factor},
             "exit_code": self.exit_code,
+            "verdict": {EXIT_REGRESSION: "regression", EXIT_NO_VERDICT: "no verdict"}.get(self.exit_code, "pass"),
+            "no_verdict_reason": self.verdict_reason,
             "counts": self.counts(),
             "configurations": [
                 {"device": r.device, "config_hash": r.config_hash, "label": r.label, "status": r.status,
@@ -175,7 +203,8 @@ class RegressReport:
 
     def to_markdown(self) -> str:
         counts = self.counts()
-        head = "FAIL: performance regression" if self.exit_code else "OK: no regression"
+        head = {EXIT_REGRESSION: "FAIL: performance regression",
+                EXIT_NO_VERDICT: f"NO VERDICT: {self.verdict_reason}"}.get(self.exit_code, "OK: no regression")
         lines = [
             f"# jbench regress: {head}",
             "",
@@ -340,7 +369,7 @@ def regress(
     """Check every (device, config hash) of `df` as the module doc describes."""
     trials = finished_trials(df)
     if trials.empty:
-        raise RegressError("no finished trial runs to check")
+        raise NoData("no finished trial runs to check")
     if SWEEP not in trials.columns or trials[SWEEP].isna().all():
         raise RegressError("the runs carry no jbench.sweep_id tag")
     kind, value = _baseline_kind(df, baseline)

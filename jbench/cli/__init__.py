@@ -1,23 +1,28 @@
 """The `jbench` command: one entry point for every job (the commands live in this package's modules).
 
 Errors a user can cause end in one clear message (exit 2) naming the fix; a sweep with failed
-trials exits 1 after recording them; tracebacks are reserved for bugs.
+trials exits 1 after recording them; tracebacks are reserved for bugs. Exit codes are listed in
+docs/cli.md.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from typing import Callable, Optional
 
 import click
 from rich.console import Console
 
 from jbench import __version__
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: messages are never hard-wrapped (a pipe is 80 columns to rich); tables still fit the width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
-EXIT_FAILED_TRIALS = 1
+EXIT_FAILED_TRIALS = 1  # also: `regress` found a regression, a device check failed
 EXIT_USER_ERROR = 2
+EXIT_NO_VERDICT = 3  # `regress`: some configuration could not be tested (too few samples, no baseline)
 
 _OVERRIDES = {"ignore_unknown_options": True, "allow_extra_args": False}
 _config_dir_option = click.option(
@@ -31,24 +36,84 @@ _config_dir_option = click.option(
 
 
 def _fail(message: str) -> "click.exceptions.Exit":
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    # click.echo, not rich: a pipe must get the message whole (rich wraps at 80 columns there), and
+    # nothing in a user's value may be read as markup.
+    click.echo(click.style("error:", fg="red", bold=True) + f" {message}", err=True)
     return click.exceptions.Exit(EXIT_USER_ERROR)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    # MLflow configures its own loggers when imported (announcing store migrations at INFO) and draws
+    # upload progress bars; jbench prints its own progress, so both stay quiet unless -v is given.
+    if verbose:
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "DEBUG"
+    else:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    level = logging.DEBUG if verbose else logging.WARNING
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(level)
+
+
+# --- Options every command accepts, before or after the command name ---------------------------------------
+# `jbench -v --results-dir R report` and `jbench report -v --results-dir R` mean the same: the group stores
+# its values in the context object, and each command's own option falls back to them.
+
+
+def _group_state(ctx: click.Context) -> dict:
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = {}
+    return root.obj
+
+
+def _verbose_callback(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        _group_state(ctx)["verbose"] = True
+        _setup_logging(True)
+    return bool(value or _group_state(ctx).get("verbose"))
+
+
+def _results_dir_callback(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    state = _group_state(ctx)
+    if value is not None:
+        state["results_dir"] = value
+    return state.get("results_dir")
+
+
+def common_options(fn: Optional[Callable] = None, *, results_dir: bool = True) -> Callable:
+    """`-v/--verbose` and `--results-dir`, shared by every command. The command gets `results_dir`
+    unless results_dir=False (a command that reads no store accepts the option and ignores it)."""
+    if fn is None:
+        return lambda f: common_options(f, results_dir=results_dir)
+    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_verbose_callback,
+                      is_eager=True, help="Show debug logs (also MLflow's).")(fn)
+    fn = click.option("--results-dir", "results_dir", default=None, callback=_results_dir_callback,
+                      expose_value=results_dir,
+                      type=click.Path(file_okay=False),
+                      help="Results directory (default: $JBENCH_RESULTS_DIR or ./results; for sweep and run, "
+                           "tracking.results_dir); $MLFLOW_TRACKING_URI wins for the store when set.")(fn)
+    return fn
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="jbench")
-@click.option("-v", "--verbose", is_flag=True, help="Show debug logs.")
-def main(verbose: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Show debug logs (also MLflow's).")
+@click.option("--results-dir", default=None, type=click.Path(file_okay=False),
+              help="Results directory for every command (same as the command's own --results-dir).")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, results_dir: Optional[str]) -> None:
     """jbench: Jetson LLM benchmark orchestration and experiment tracking."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    if not verbose:
-        # MLflow announces store migrations at INFO; jbench prints its own progress.
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-
+    state = _group_state(ctx)
+    state["verbose"] = verbose
+    if results_dir is not None:
+        state["results_dir"] = results_dir
+    _setup_logging(verbose)
 
 
 # Each module registers its commands on `main` (imported last: they import from here).

@@ -7,7 +7,7 @@ from typing import Optional
 import click
 from rich.table import Table
 
-from jbench.cli import EXIT_FAILED_TRIALS, _config_dir_option, _fail, console, main
+from jbench.cli import common_options, EXIT_FAILED_TRIALS, _config_dir_option, _fail, console, main
 
 
 def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
@@ -38,11 +38,13 @@ def _checks_table(title: str, checks) -> Table:
 
 
 @main.group()
+@common_options(results_dir=False)
 def devices() -> None:
     """The device inventory: device/*.yaml in jbench's conf and your config dirs."""
 
 
 @devices.command("list")
+@common_options(results_dir=False)
 @_config_dir_option
 def devices_list(config_dirs) -> None:
     """List the devices jbench knows."""
@@ -65,6 +67,7 @@ def devices_list(config_dirs) -> None:
 
 
 @devices.command("check")
+@common_options(results_dir=False)
 @click.argument("names", nargs=-1)
 @_config_dir_option
 def devices_check(names, config_dirs) -> None:
@@ -92,6 +95,7 @@ def devices_check(names, config_dirs) -> None:
 
 
 @devices.command("restore")
+@common_options(results_dir=False)
 @click.argument("name")
 @click.option("--allow-reboot", is_flag=True, help="Reboot the device if its original power mode needs one.")
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
@@ -128,6 +132,7 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
 
 
 @main.command()
+@common_options(results_dir=False)
 @click.argument("device_name", metavar="DEVICE")
 @_config_dir_option
 def doctor(device_name: str, config_dirs) -> None:
@@ -150,6 +155,7 @@ def doctor(device_name: str, config_dirs) -> None:
 
 
 @main.command()
+@common_options(results_dir=False)
 @click.argument("device_name", metavar="DEVICE")
 @click.option("--size-mb", type=int, default=512, show_default=True)
 @_config_dir_option

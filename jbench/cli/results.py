@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from jbench.cli import _fail, console, err_console, main
+from jbench.cli import EXIT_NO_VERDICT, _fail, common_options, console, err_console, main
 
 
 def _results_dir(results_dir: Optional[str]) -> str:
@@ -44,9 +44,7 @@ def check_output(path: str, *, directory: bool) -> None:
         raise _fail(f"cannot write {path}: {problem}. Give a writable --out path")
 
 
-_results_option = click.option("--results-dir", default=None,
-                               help="Results directory (default: $JBENCH_RESULTS_DIR or ./results); "
-                                    "$MLFLOW_TRACKING_URI wins when set.")
+_results_option = common_options  # -v and --results-dir, the same on every command (jbench/cli/__init__.py)
 
 
 def _sample_loader(tracker):
@@ -56,7 +54,8 @@ def _sample_loader(tracker):
 
 
 def _selection(tracker, spec: str):
-    """A sweep id, a run id, or TAG=VALUE -> the trial runs it names."""
+    """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or TAG=VALUE ->
+    the trial runs it names."""
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
     if "=" in spec:
@@ -66,9 +65,34 @@ def _selection(tracker, spec: str):
         df = runs_frame(tracker, sweep_ids=[spec])
         if df.empty:
             df = runs_frame(tracker, run_ids=[spec])
+        if df.empty and spec:
+            every = runs_frame(tracker)
+            df = every[every["run_id"].str.startswith(spec.lower())] if not every.empty else every
+            if len(df) > 1:
+                shown = ", ".join(str(r)[:12] for r in df["run_id"][:5])
+                raise _fail(f"run id prefix '{spec}' is ambiguous: it matches {len(df)} runs ({shown}"
+                            f"{', ...' if len(df) > 5 else ''}); give more characters")
     if df.empty:
-        raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id, or TAG=VALUE")
+        raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id or its "
+                    "prefix, or TAG=VALUE")
     return with_current_hashes(df)  # runs recorded under an older hash scheme match today's
+
+
+def _experiment_names(tracker) -> list[str]:
+    """Names of the experiments that hold jbench runs (for an error message)."""
+    from jbench.tracking.reader import runs_frame
+
+    try:
+        df = runs_frame(tracker, kinds=None)
+    except Exception:  # only a hint for an error message: never a second error
+        return []
+    return sorted(set(df["experiment"].dropna())) if not df.empty else []
+
+
+def _unknown_experiment(tracker, exc: LookupError) -> "click.exceptions.Exit":
+    names = _experiment_names(tracker)
+    return _fail(f"{exc}. Existing experiments: {', '.join(names)}" if names
+                 else f"{exc}; the store holds no experiments yet: run a sweep first")
 
 
 @main.command()
@@ -129,7 +153,7 @@ def compare(a, b, as_json, results_dir) -> None:
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        console.print(result.to_markdown(), highlight=False)
+        click.echo(result.to_markdown(), nl=False)  # never hard-wrapped, in a pipe either
 
 
 @main.command()
@@ -140,22 +164,33 @@ def compare(a, b, as_json, results_dir) -> None:
 @_results_option
 def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     """Nightly regression gate: the newest sweep of each configuration against its baseline.
-    Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise))."""
-    from jbench.analysis.regress import RegressError, regress as run_regress
+    Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise)); 3 when there is no
+    regression but some configuration could not be tested (no verdict: too few samples, no baseline)."""
+    from jbench.analysis.regress import NoData, RegressError, regress as run_regress
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
     tracker = _results_tracker(results_dir)
     try:
         df = with_current_hashes(runs_frame(tracker, [experiment]))
+    except LookupError as exc:
+        raise _unknown_experiment(tracker, exc) from None
+    try:
         result = run_regress(df, _sample_loader(tracker), baseline=baseline)
-    except (LookupError, RegressError) as exc:
+    except NoData as exc:  # the experiment exists but holds no finished trial run: nothing was tested
+        click.echo(f"NO VERDICT: {exc} in experiment '{experiment}'", err=True)
+        raise click.exceptions.Exit(EXIT_NO_VERDICT) from None
+    except RegressError as exc:
         raise _fail(str(exc)) from None
     md = result.to_markdown()
-    console.print(md, highlight=False)
-    if junit_path:
-        Path(junit_path).write_text(result.to_junit_xml())
-    if md_path:
-        Path(md_path).write_text(md)
+    click.echo(md, nl=False)  # never hard-wrapped, in a pipe either
+    for path, text in ((junit_path, result.to_junit_xml() if junit_path else ""), (md_path, md)):
+        if path:
+            try:
+                Path(path).write_text(text)
+            except OSError as exc:
+                raise _fail(f"cannot write {path}: {exc.strerror or exc}; give a writable path") from None
+    if result.exit_code == EXIT_NO_VERDICT:
+        click.echo(f"NO VERDICT: {result.verdict_reason}", err=True)
     raise click.exceptions.Exit(result.exit_code)
 
 
@@ -173,9 +208,14 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
     tracker = _results_tracker(results_dir)
     try:
         df = runs_frame(tracker, list(experiments) or None, kinds=None if all_kinds else ("trial",))
+    except LookupError as exc:
+        raise _unknown_experiment(tracker, exc) from None
+    if df.empty:  # an empty file would look like a successful export
+        raise _fail(f"no {'runs' if all_kinds else 'trial runs'} to export in {tracker.uri}; run a sweep first")
+    try:
         path = export_frame(df, out_path)
-    except (LookupError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        raise _fail(f"cannot write {out_path}: {exc}" if isinstance(exc, OSError) else str(exc)) from None
     console.print(f"{len(df)} runs, {len(df.columns)} columns -> {path}", highlight=False)
 
 
@@ -211,7 +251,7 @@ def _newest_experiment(db: Path) -> Optional[str]:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=5000, show_default=True)
-@_results_option
+@common_options
 def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     """Open the MLflow UI on jbench's results (an `mlflow server` serving the store and its artifacts)."""
     import signal

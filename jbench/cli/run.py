@@ -1,57 +1,255 @@
-"""`jbench sweep`, `run` and `setup`: plan, execute, progress and the summary table."""
+"""`jbench sweep`, `run` and `setup`: plan, execute, progress and the summary table.
+
+The summary is a rich table on the terminal (readable at 80 columns, which is also what rich assumes
+in a pipe), or, with `-o md|csv|json|jsonl`, the same rows in that format on stdout while everything
+else goes to stderr (docs/cli.md).
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
+import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from jbench.cli import EXIT_FAILED_TRIALS, EXIT_USER_ERROR, _OVERRIDES, _config_dir_option, _fail, console, err_console, main
+from jbench.cli import (EXIT_FAILED_TRIALS, EXIT_USER_ERROR, _OVERRIDES, _config_dir_option, _fail, common_options,
+                        console, err_console, main)
+
+OUTPUT_FORMATS = ("table", "md", "csv", "json", "jsonl")
+RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
+
+
+def _hydra_quoted(value: str) -> str:
+    """A value as a quoted Hydra override value (a path may hold spaces, ':' or '=')."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _with_results_dir(overrides, results_dir: Optional[str]) -> list[str]:
+    # --results-dir is tracking.results_dir; given last, it wins over the same key on the command line.
+    return list(overrides) + ([f"tracking.results_dir={_hydra_quoted(results_dir)}"] if results_dir else [])
 
 
 def _plan(overrides, config_dirs, use_grid: bool):
-    from jbench.config import ConfigError, user_config_dirs
+    from jbench.config import ConfigError, check_overrides, user_config_dirs
     from jbench.sweeps.plan import plan
 
     try:
+        check_overrides(list(overrides))
         dirs = user_config_dirs(list(config_dirs))
         return plan(list(overrides), dirs, use_grid=use_grid)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
 
 
-def _fmt(value: float, std: float = math.nan) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+# --- Rows of the summary --------------------------------------------------------------------------------------
+
+
+def varying_keys(trials) -> list[str]:
+    """The sweep dimensions whose value differs between the given trials (in the order of the grid)."""
+    keys: list[str] = []
+    for t in trials:
+        keys += [k for k in t.point if k not in keys]
+    return [k for k in keys if len({repr(t.point.get(k)) for t in trials}) > 1]
+
+
+def trial_label(trial, keys: list[str]) -> str:
+    """What a row is, compactly: the varying dimensions' values (`Q4_0`, `Q8_0 n_gen=128`)."""
+    short = getattr(trial, "short_label", None)  # the trial's own short run name, where it has one
+    if isinstance(short, str) and short:
+        return short
+    parts = []
+    for k in keys:
+        v = trial.point.get(k)
+        # A name (Q4_0, MAXN_SUPER, a device) says what it is; a number or flag needs its key.
+        if isinstance(v, str) and not v.replace(".", "").isdigit():
+            parts.append(v)
+        else:
+            parts.append(f"{k.rsplit('.', 1)[-1]}={v}")
+    return " ".join(parts) or trial.label
+
+
+def _num(value: Any) -> Optional[float]:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _fmt(value: Any, std: Any = None) -> str:
+    v, s = _num(value), _num(std)
+    if v is None:
         return "-"
-    if std is None or math.isnan(std):
-        return f"{value:.2f}"
-    return f"{value:.2f} ± {std:.2f}"
+    digits = 1 if abs(v) >= 10 else 2
+    return f"{v:.{digits}f}" if s is None else f"{v:.{digits}f} ± {s:.{digits}f}"
+
+
+def _size(trials, key: str) -> Optional[Any]:
+    """A backend size (n_prompt, n_gen) shared by every trial, else None."""
+    values = {repr((t.config.get("backend") or {}).get(key)) for t in trials}
+    return (trials[0].config.get("backend") or {}).get(key) if len(values) == 1 else None
+
+
+def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
+    """One flat row per trial: index, the varying dimensions, status, run id, sizes, then the metrics."""
+    keys = varying_keys(trials)
+    by_trial = {id(o.trial): o for o in (outcomes or [])}
+    rows = []
+    for t in trials:
+        o = by_trial.get(id(t))
+        backend = t.config.get("backend") or {}
+        row: dict[str, Any] = {"index": t.index, **{k: t.point.get(k) for k in keys}, "label": trial_label(t, keys),
+                               "status": str(o.status) if o else status, "run_id": (o.run_id if o else None),
+                               "config_hash": t.config_hash, "n_prompt": backend.get("n_prompt"),
+                               "n_gen": backend.get("n_gen"), "repetitions": backend.get("repetitions")}
+        if o is not None:
+            row.update({"category": str(o.category) if o.category else None, "error": o.error,
+                        "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
+            metrics = {k: _num(v) for k, v in o.metrics.items()}
+            main_keys = ("prefill_tps", "prefill_tps_std", "decode_tps", "decode_tps_std")
+            row.update({k: metrics.get(k) for k in main_keys})
+            row.update({k: v for k, v in sorted(metrics.items()) if k not in main_keys})
+        rows.append(row)
+    return rows
+
+
+_MD_COLUMNS = ("index", "label", "status", "run_id", "n_prompt", "n_gen", "prefill_tps", "prefill_tps_std",
+               "decode_tps", "decode_tps_std")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def format_records(rows: list[dict], fmt: str) -> str:
+    """The rows as md (a GitHub table of the main columns), csv or jsonl (every column), or json (an array)."""
+    if fmt == "json":
+        return json.dumps(rows, indent=2, default=str) + "\n"
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, default=str) + "\n" for r in rows)
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: _cell(v) for k, v in r.items()} for r in rows)
+        return buf.getvalue()
+    # md: the dimensions live in `label`; the full set of columns is what csv and json are for.
+    cols = [c for c in columns if c in _MD_COLUMNS]
+    cols = [c for c in _MD_COLUMNS if c in cols]
+    lines = ["| " + " | ".join(cols) + " |",
+             "|" + "|".join("---:" if c in ("index", "n_prompt", "n_gen") or c.endswith(("_tps", "_std")) else "---"
+                            for c in cols) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r.get(c)).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _summary_table(outcome) -> Table:
-    table = Table(title=f"{outcome.experiment}: sweep {outcome.sweep_id}", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("trial")
-    table.add_column("status")
-    table.add_column("prefill tok/s", justify="right")
-    table.add_column("decode tok/s", justify="right")
-    table.add_column("run id / reason", overflow="fold")
+    trials = [o.trial for o in outcome.outcomes]
+    keys = varying_keys(trials)
+    pp, tg = _size(trials, "n_prompt"), _size(trials, "n_gen")
+    reps = _size(trials, "repetitions")
+    caption = "mean ± sd: mean and standard deviation over " + (f"{reps} repetitions" if reps else "the repetitions")
+    if pp is None or tg is None:
+        caption += "; pp/tg sizes: backend.n_prompt / backend.n_gen of each trial"
+    table = Table(title=f"{outcome.experiment}: sweep {outcome.sweep_id}", title_justify="left",
+                  caption=caption + (f"; trials vary {', '.join(keys)}" if keys else ""), caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("trial", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column(f"prefill tok/s\n(pp{pp if pp is not None else ''}, mean ± sd)", justify="right", no_wrap=True)
+    table.add_column(f"decode tok/s\n(tg{tg if tg is not None else ''}, mean ± sd)", justify="right", no_wrap=True)
+    table.add_column("run id / note", overflow="fold")
     for o in outcome.outcomes:
         m = o.metrics
         color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(str(o.status), "yellow")
+        note = (o.run_id or "")[:RUN_ID_CHARS]
+        if str(o.status) != "FINISHED":
+            note += f" {o.category}: {o.error}"
         table.add_row(
             str(o.trial.index),
-            o.trial.label,
+            escape(trial_label(o.trial, keys)),
             f"[{color}]{o.status}[/]",
-            _fmt(m.get("prefill_tps", math.nan), m.get("prefill_tps_std", math.nan)),
-            _fmt(m.get("decode_tps", math.nan), m.get("decode_tps_std", math.nan)),
-            (o.run_id or "")[:12] + ("" if o.status == "FINISHED" else f"  {o.category}: {o.error}")
-            + ("  [noisy]" if o.noisy else ""),
+            _fmt(m.get("prefill_tps"), m.get("prefill_tps_std")),
+            _fmt(m.get("decode_tps"), m.get("decode_tps_std")),
+            escape(note.strip() + (" [noisy]" if o.noisy else "")),
         )
     return table
+
+
+# --- Progress ------------------------------------------------------------------------------------------------
+
+
+class _TrialProgress:
+    """A rich progress bar on a terminal (removed when the sweep ends, so no half-drawn bar stays), plain
+    lines anywhere else (a pipe, a file, a CI log)."""
+
+    def __init__(self, out: Console, total: int, keys: list[str]):
+        self.out, self.total, self.keys = out, total, keys
+        self.bar = None
+        if out.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]trial {task.completed}/{task.total}[/]"), BarColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                TextColumn("{task.description}"), console=out, transient=True)
+            self.task = self.bar.add_task("", total=total)
+        self.done = 0
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def print(self, text: str) -> None:
+        (self.bar.console if self.bar is not None else self.out).print(text, highlight=False)
+
+    def start(self, trial) -> None:
+        label = escape(trial_label(trial, self.keys))
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"running {label}")
+        else:
+            self.print(f"trial {self.done + 1}/{self.total} {label}: running")
+
+    def end(self, outcome) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        else:
+            self.print(f"trial {self.done}/{self.total} {escape(trial_label(outcome.trial, self.keys))}: "
+                       f"{outcome.status} ({outcome.wall_s:.0f} s)")
+        for finding in outcome.findings:
+            self.print(f"[yellow]trial {outcome.trial.index} finding:[/] {escape(finding.message)}")
+        if outcome.status == "FAILED":
+            self.print(f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {escape(str(outcome.error))}")
+        elif outcome.status == "SKIPPED":
+            self.print(f"[cyan]trial {outcome.trial.index} skipped[/] ({outcome.category}): "
+                       f"{escape(str(outcome.error))}")
 
 
 def _sigterm_as_interrupt() -> None:
@@ -86,7 +284,7 @@ def _history(plan_) -> dict:
         return {}
 
 
-def _check_store(plan_) -> bool:
+def _check_store(plan_, console) -> bool:
     """Before anything touches a device: the results directory and store can be written, and a tracking
     server answers (else tracking.unreachable decides: stop, exit 2; or spool). True: spool from the start."""
     from jbench.tracking.common import resolve_uri, server_problem, spool_dir, store_problem
@@ -111,91 +309,93 @@ def _check_store(plan_) -> bool:
     return True
 
 
-def _execute(plan_, dry_run: bool) -> None:
+# URI schemes an MLflow store can have (a plain path is a file store).
+_STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+
+
+def _check_store_uri(plan_) -> None:
+    """A tracking URI MLflow cannot open is a user error before anything runs (not an MLflow traceback later)."""
+    from urllib.parse import urlparse
+
+    from jbench.tracking.common import resolve_uri
+
+    uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if scheme not in _STORE_SCHEMES:
+        source = "tracking.uri" if plan_.tracking.get("uri") else "$MLFLOW_TRACKING_URI"
+        raise _fail(f"{source} '{uri}' is not a tracking store MLflow can open: give http(s)://HOST:PORT for an "
+                    f"MLflow server, sqlite:///PATH, or unset it to use the results directory")
+
+
+def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
+    # With -o FORMAT stdout carries only the summary; every message and the progress go to stderr.
+    console = globals()["console"] if fmt == "table" else err_console
     if plan_.problems:
-        err_console.print(f"[bold red]error:[/] {len(plan_.problems)} problem(s) in the sweep; nothing was run:")
+        click.echo(click.style("error:", fg="red", bold=True)
+                   + f" {len(plan_.problems)} problem(s) in the sweep; nothing was run:", err=True)
         for p in plan_.problems:
-            err_console.print(f"  - {p}", highlight=False)
+            click.echo(f"  - {p}", err=True)
         raise click.exceptions.Exit(EXIT_USER_ERROR)
     if not plan_.trials:
         raise _fail("the sweep has no trials")
-    console.print(f"[bold]{plan_.experiment}[/]: {len(plan_.trials)} trial(s)"
-                  + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""))
+    _check_store_uri(plan_)
+    console.print(f"[bold]{escape(plan_.experiment)}[/]: {len(plan_.trials)} trial(s)"
+                  + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""), highlight=False)
     for note in plan_.notes:
-        console.print(f"[cyan]note:[/] {note}", highlight=False)
+        console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     notes_shown = len(plan_.notes)
+    keys = varying_keys(plan_.trials)
     if dry_run:
         from jbench.trial import resume_key
 
         history = _history(plan_)
         known = 0.0
         unknown = 0
-        for t in plan_.trials:
+        rows = _records(plan_.trials)
+        for t, row in zip(plan_.trials, rows):
             wall = (history.get(t.resume_key) or history.get(resume_key(t.config_hash, 1)) or {}).get("wall_s")
             if wall:
                 known += wall
             else:
                 unknown += 1
+            row["estimate_s"] = round(wall, 1) if wall else None
+            row["already_finished"] = t.resume_key in history
             est = f"~{wall:.0f} s" if wall else "no estimate"
-            console.print(f"  {t.index:>4}  {t.label}  [dim]{t.config_hash}  {est}[/]", highlight=False)
+            full = f"{escape(t.label)}  " if t.label != trial_label(t, keys) else ""
+            console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{full}{t.config_hash}  {est}[/]",
+                          highlight=False)
         done = sum(1 for t in plan_.trials if t.resume_key in history)
         console.print(f"estimated duration: {known / 60:.1f} min for {len(plan_.trials) - unknown} trial(s) from earlier "
                       f"runs of the same configuration; {unknown} trial(s) without history"
                       + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
                       highlight=False)
+        if fmt != "table":
+            click.echo(format_records(rows, fmt), nl=False)
         return
 
     # Imported only to run: the sweep imports mlflow when it needs a store, which a dry run does not.
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from jbench.sweeps.sweep import PreflightError, Sweep
 
-    progress = Progress(
-        TextColumn("[bold]trial {task.completed}/{task.total}[/]"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=False,
-    )
+    spool_from_start = _check_store(plan_, console)
 
-    spool_from_start = _check_store(plan_)
+    made: list = []  # the sweep's tracker, to say at the end where the results went
 
     def tracker():
         from jbench.tracking.writer import Tracker  # mlflow: only once the runner asks for a store
 
         def say(message: str) -> None:
-            progress.console.print(f"[yellow]{message}[/]", highlight=False)
+            progress.print(f"[yellow]{escape(message)}[/]")
 
         t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"], spool=spool_from_start, notify=say)
+        made.append(t)
         if not spool_from_start:
             console.print(f"tracking to {t.uri}", highlight=False)
         return t
 
     _sigterm_as_interrupt()
-    with progress:
-        task = progress.add_task("", total=len(plan_.trials))
-
-        def start(trial):
-            progress.update(task, description=f"running {trial.label}")
-
-        def end(outcome):
-            progress.advance(task)
-            for finding in outcome.findings:
-                progress.console.print(f"[yellow]trial {outcome.trial.index} finding:[/] {finding.message}",
-                                       highlight=False)
-            if outcome.status == "FAILED":
-                progress.console.print(
-                    f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {outcome.error}", highlight=False
-                )
-            elif outcome.status == "SKIPPED":
-                progress.console.print(f"[cyan]trial {outcome.trial.index} skipped[/] ({outcome.category}): "
-                                       f"{outcome.error}", highlight=False)
-
+    with _TrialProgress(console, len(plan_.trials), keys) as progress:
         try:
-            result = Sweep(plan_, tracker, on_trial_start=start, on_trial_end=end).run()
+            result = Sweep(plan_, tracker, on_trial_start=progress.start, on_trial_end=progress.end).run()
         except PreflightError as exc:
             progress.stop()
             raise _fail(f"the device is not ready; nothing was run:\n{exc}") from None
@@ -203,35 +403,135 @@ def _execute(plan_, dry_run: bool) -> None:
             progress.stop()
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(130) from None
-    console.print(_summary_table(result))
+    if fmt == "table":
+        console.print(_summary_table(result))
+    else:
+        click.echo(format_records(_records([o.trial for o in result.outcomes], result.outcomes), fmt), nl=False)
     for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)
-        console.print(f"[cyan]note:[/] {note}", highlight=False)
+        console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     notes = sorted({n for o in result.outcomes for n in o.notes})
     for note in notes:  # said once per sweep, not once per trial
-        err_console.print(f"[yellow]energy not measured:[/] {note}", highlight=False)
-    console.print(f"results: {result.tracking_uri} (experiment '{result.experiment}'); "
-                  f"browse them with `jbench ui`", highlight=False)
+        err_console.print(f"[yellow]energy not measured:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    if made and made[0].spooling is not None:
+        console.print(f"results: spooled in {made[0].spool_uri} (experiment '{escape(result.experiment)}') because "
+                      f"{made[0].uri} did not answer; `jbench sync` uploads them once it is back",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"results: {result.tracking_uri} (experiment '{escape(result.experiment)}'); "
+                      f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
         raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
 
 
+def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_grid: bool) -> None:
+    """--cfg job: the composed config of the command line (a sweep's grid included); --cfg sweep: the
+    resolved config of every planned trial, one YAML document each. Nothing runs, no store is touched."""
+    from omegaconf import OmegaConf
+
+    from jbench.config import ConfigError, check_overrides, compose, user_config_dirs
+    from jbench.sweeps.plan import split_overrides
+
+    def select(config: dict) -> Any:
+        if not package:
+            return config
+        node = OmegaConf.select(OmegaConf.create(config), package, default=None)
+        if node is None:
+            raise _fail(f"--package {package}: no such key in the config; give a section such as backend or model")
+        return OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+
+    def dump(value: Any) -> str:
+        return OmegaConf.to_yaml(OmegaConf.create(value)) if isinstance(value, (dict, list)) else f"{value}\n"
+
+    if what == "job":
+        try:
+            check_overrides(list(overrides))
+            dirs = user_config_dirs(list(config_dirs))
+            plain, dims = split_overrides(list(overrides))
+            cfg, _ = compose(plain, dirs)
+        except ConfigError as exc:
+            raise _fail(str(exc)) from None
+        config = OmegaConf.to_container(cfg, resolve=True)
+        if dims:
+            err_console.print(f"note: command-line sweep dimensions ({', '.join(dims)}) are not applied here; "
+                              "--cfg sweep prints each trial's config", highlight=False, soft_wrap=True)
+        click.echo(dump(select(config)), nl=False)
+        return
+    plan_ = _plan(overrides, config_dirs, use_grid)
+    keys = varying_keys(plan_.trials)
+    for n, t in enumerate(plan_.trials):
+        click.echo(("---\n" if n else "") + f"# trial {t.index}: {trial_label(t, keys)} (config hash {t.config_hash})")
+        click.echo(dump(select(t.config)), nl=False)
+    for p in plan_.problems:  # shown, not fatal: --cfg inspects the plan, it runs nothing
+        click.echo(f"problem: {p}", err=True)
+
+
+def _show_info(overrides, config_dirs) -> None:
+    """--info: where configs come from, what this command line picks, and the choices of every group."""
+    from jbench.config import CONFIG_MODULE, ConfigError, available_choices, check_overrides, compose, user_config_dirs
+    from jbench.sweeps.plan import split_overrides
+
+    try:
+        check_overrides(list(overrides))
+        dirs = user_config_dirs(list(config_dirs))
+        plain, dims = split_overrides(list(overrides))
+        _, choices = compose(plain, dirs)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    out = ["Config search path (first match wins):"]
+    out += [f"  file://{d}" for d in dirs] + [f"  pkg://{CONFIG_MODULE}  (jbench's packaged configs)"]
+    out += ["Choices of this command line:"] + [f"  {g}: {c}" for g, c in sorted(choices.items())]
+    if dims:
+        out += ["Sweep dimensions from the command line:"] + [f"  {k}: {', '.join(map(str, v))}" for k, v in dims.items()]
+    out += ["Available (group=NAME, experiments as +experiment=NAME):"]
+    for group in ("device", "backend", "model", "experiment", "tracking", "profile"):
+        out.append(f"  {group}: {', '.join(available_choices(group, dirs))}")
+    click.echo("\n".join(out))
+
+
+def _run_options(fn):
+    """Options `sweep` and `run` share (besides -v and --results-dir)."""
+    fn = click.option("--info", "info", is_flag=True,
+                      help="Print the config search path, this command line's choices and every group's options; "
+                           "run nothing.")(fn)
+    fn = click.option("-p", "--package", default=None, metavar="KEY",
+                      help="With --cfg: print only this part of the config (e.g. backend).")(fn)
+    fn = click.option("--cfg", "cfg", type=click.Choice(["job", "sweep"]), default=None,
+                      help="Print the config and run nothing: job = the composed config (a sweep's grid "
+                           "included), sweep = each planned trial's resolved config.")(fn)
+    fn = click.option("-o", "--output", "fmt", type=click.Choice(OUTPUT_FORMATS), default="table", show_default=True,
+                      help="Summary format on stdout (messages and progress then go to stderr).")(fn)
+    fn = click.option("--dry-run", is_flag=True, help="Print the planned trials and run nothing.")(fn)
+    return common_options(_config_dir_option(fn))
+
+
+def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, *, use_grid: bool) -> None:
+    overrides = _with_results_dir(overrides, results_dir)
+    if info:
+        return _show_info(overrides, config_dirs)
+    if cfg:
+        return _show_config(cfg, package, overrides, config_dirs, use_grid)
+    if package:
+        raise _fail("--package selects a part of --cfg's output: add --cfg job or --cfg sweep")
+    _execute(_plan(overrides, config_dirs, use_grid=use_grid), dry_run, fmt)
+
+
 @main.command(context_settings=_OVERRIDES)
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-@_config_dir_option
-@click.option("--dry-run", is_flag=True, help="Print the planned trials and run nothing.")
-def sweep(overrides: tuple[str, ...], config_dirs: tuple[str, ...], dry_run: bool) -> None:
+@_run_options
+def sweep(overrides: tuple[str, ...], config_dirs: tuple[str, ...], results_dir: Optional[str], dry_run: bool,
+          fmt: str, cfg: Optional[str], package: Optional[str], info: bool) -> None:
     """Run an experiment's grid: jbench sweep +experiment=quant_ladder [key=value|key=a,b ...]"""
-    _execute(_plan(overrides, config_dirs, use_grid=True), dry_run)
+    _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, use_grid=True)
 
 
 @main.command(context_settings=_OVERRIDES)
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-@_config_dir_option
-@click.option("--dry-run", is_flag=True, help="Print the trial and run nothing.")
-def run(overrides: tuple[str, ...], config_dirs: tuple[str, ...], dry_run: bool) -> None:
+@_run_options
+def run(overrides: tuple[str, ...], config_dirs: tuple[str, ...], results_dir: Optional[str], dry_run: bool,
+        fmt: str, cfg: Optional[str], package: Optional[str], info: bool) -> None:
     """Run one trial (the experiment's grid is not expanded): jbench run model.quant=Q8_0"""
-    _execute(_plan(overrides, config_dirs, use_grid=False), dry_run)
+    _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, use_grid=False)
 
 
 @main.command(context_settings=_OVERRIDES)
@@ -241,6 +541,7 @@ def run(overrides: tuple[str, ...], config_dirs: tuple[str, ...], dry_run: bool)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel build jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild llama.cpp even if a build exists.")
 @click.option("--skip-model", is_flag=True, help="Only build llama.cpp.")
+@common_options(results_dir=False)
 def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], force: bool, skip_model: bool) -> None:
     """Provision the embedded default: build llama.cpp, install and quantize the bundled model."""
     from omegaconf import OmegaConf

@@ -7,10 +7,11 @@ import sys
 import click
 from rich.table import Table
 
-from jbench.cli import _config_dir_option, _fail, console, err_console, main
+from jbench.cli import common_options, _config_dir_option, _fail, console, err_console, main
 
 
 @main.command()
+@common_options(results_dir=False)
 @click.option("--model", "model_name", required=True, help="Model config name (e.g. gemma3_270m) or a GGUF path.")
 @click.option("--device", "device_name", default=None, help="Device entry whose profile gives the bandwidth.")
 @click.option("--bandwidth-gbs", type=float, default=None, help="Memory bandwidth in GB/s (instead of a device).")
@@ -24,12 +25,13 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
     import json
 
     from jbench.analysis.roofline import RooflineError
+    from jbench.config import ConfigError
     from jbench.reporting.roofline import roofline_figures
 
     try:
         fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
                                bandwidth_gbs=bandwidth_gbs, config_dirs=list(config_dirs))
-    except (RooflineError, ValueError) as exc:
+    except (RooflineError, ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
         click.echo(json.dumps(fig, indent=2))
@@ -47,11 +49,13 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
 
 
 @main.group()
+@common_options(results_dir=False)
 def telemetry() -> None:
     """Telemetry tools."""
 
 
 @telemetry.command("parse")
+@common_options(results_dir=False)
 @click.argument("source", type=click.File("r"))
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("--rails", default=None, help="Comma list of rails whose sum is the total power (default: the documented rule).")
@@ -79,11 +83,13 @@ def telemetry_parse(source, fmt, rails) -> None:
 
 
 @main.group()
+@common_options(results_dir=False)
 def trace() -> None:
     """In-house engine traces."""
 
 
 @trace.command("analyze")
+@common_options(results_dir=False)
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--bandwidth-gbs", type=float, default=None, help="Memory bandwidth for the ceiling (GB/s).")
 @click.option("--profile", default=None, help="Or a module profile whose datasheet bandwidth to use.")
