@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-import sys
 import time
 from typing import Any, Optional
 
