@@ -113,3 +113,36 @@ class Tracker:
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
 
+
+    # -- the record as MLflow users read it (run id first) -----------------------------------------
+
+    def describe_experiment(self, experiment_id: str, description: str) -> None:
+        """The experiment's description (the UI's About panel) and its kind: MLflow 3 opens an experiment
+        on its GenAI pages ("Traces 0") unless `mlflow.experimentKind` says it holds model runs."""
+        tags = {"mlflow.experimentKind": "custom_model_development"}
+        if description:
+            tags["mlflow.note.content"] = description
+        exp = self.client.get_experiment(experiment_id)
+        for key, value in tags.items():
+            if exp.tags.get(key) != value:
+                self.client.set_experiment_tag(experiment_id, key, value)
+
+    def set_note(self, run_id: str, text: str) -> None:
+        """The run's description, shown in the MLflow UI's run page (markdown)."""
+        self.client.set_tag(run_id, "mlflow.note.content", text)
+
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """Rows as an MLflow table artifact (the UI's artifact view and Evaluation tab show it as a table)."""
+        import pandas as pd
+
+        self.client.log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+    def run_record(self, run_id: str) -> dict[str, Any]:
+        """{"status", "params", "tags", "metrics"} of a run."""
+        run = self.client.get_run(run_id)
+        return {"status": run.info.status, "params": dict(run.data.params), "tags": dict(run.data.tags),
+                "metrics": dict(run.data.metrics)}
+
+    def reopen_run(self, run_id: str) -> None:
+        """A KILLED sweep's parent back to RUNNING: a resumed sweep records its trials under it."""
+        self.client.update_run(run_id, status="RUNNING")
