@@ -146,3 +146,10 @@ class Tracker:
     def reopen_run(self, run_id: str) -> None:
         """A KILLED sweep's parent back to RUNNING: a resumed sweep records its trials under it."""
         self.client.update_run(run_id, status="RUNNING")
+
+
+def runs_view_url(server_url: str, experiment_id: str) -> str:
+    """The link that opens an experiment on its runs table in the MLflow UI. MLflow 3.17's UI picks GenAI
+    pages or model-training pages from its `workflowType` (URL parameter, else the browser's last choice,
+    GenAI by default), not from the experiment's `mlflow.experimentKind` tag, so the link names it."""
+    return f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
