@@ -70,6 +70,7 @@ _SHORT = {"power.jetson_clocks": "clocks", "power.fan": "fan", "backend.flash_at
           "backend.n_gpu_layers": "ngl", "backend.threads": "t", "backend.scenario": "", "profile": ""}
 # Where a key's part goes in the name: power state first, then the model, then what the backend runs.
 _RANK = {"device": 0, "power": 1, "profile": 1, "model": 2, "backend": 3}
+_FIRST = ("power.mode", "power.jetson_clocks", "power.fan", "model", "model.name", "model.quant")  # within a rank
 
 
 def _short_value(value: Any) -> str:
@@ -99,7 +100,7 @@ def short_label(point: dict) -> str:
             text = _short_value(value)
         else:
             text = f"{_SHORT.get(key, key.rsplit('.', 1)[-1])}={_short_value(value)}"
-        parts.append((rank, i, text))
+        parts.append((rank, _FIRST.index(key) if key in _FIRST else len(_FIRST) + i, text))
     return " ".join(text for _, _, text in sorted(parts))
 
 

@@ -159,6 +159,8 @@ def test_a_sweep_resumed_after_ctrl_c_is_one_sweep(tmp_path, llama_build, bundle
     assert len(parents) == 1, [p.info.run_name for p in parents]
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["jbench.resumes"] == "1"
+    assert parent.data.tags["jbench.finished_trials"] == "3" and parent.data.tags["jbench.skipped_trials"] == "0"
+    assert parent.data.tags["jbench.resumed_after"] and "jbench.failure_reason" not in parent.data.tags
     assert {c.data.tags["jbench.sweep_id"] for c in children} == {sweep_id}
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     finished = sorted(c.info.run_name for c in children if c.info.status == "FINISHED")

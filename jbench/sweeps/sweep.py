@@ -415,7 +415,8 @@ class Sweep:
         if resumed is not None:
             tracker.reopen_run(parent)
             tracker.log(parent, tags={**common_tags, "jbench.status": "RUNNING",
-                                      "jbench.resumes": int(earlier.get("jbench.resumes", 0) or 0) + 1})
+                                      "jbench.resumes": int(earlier.get("jbench.resumes", 0) or 0) + 1,
+                                      "jbench.resumed_after": earlier.get("jbench.failure_reason") or "KILLED"})
             log.info("resuming sweep %s (parent run %s)", self.record_id, parent)
         else:
             parent = tracker.start_run(
@@ -458,7 +459,9 @@ class Sweep:
             tracker.end_run(parent, "KILLED")
             raise
         n_failed = sum(o.status == Status.FAILED for o in outcomes)
-        n_skipped = sum(o.status == Status.SKIPPED for o in outcomes)
+        # Under a resumed sweep's parent, its trials done before the interruption count as its finished ones.
+        n_skipped = sum(o.status == Status.SKIPPED and not (resumed and o.category == Category.RESUMED)
+                        for o in outcomes)
         tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.skipped_trials": n_skipped,
                                   "jbench.finished_trials": len(outcomes) - n_failed - n_skipped,
                                   "jbench.status": "FAILED" if n_failed else "FINISHED",

@@ -144,8 +144,11 @@ class Tracker:
                 "metrics": dict(run.data.metrics)}
 
     def reopen_run(self, run_id: str) -> None:
-        """A KILLED sweep's parent back to RUNNING: a resumed sweep records its trials under it."""
+        """A KILLED sweep's parent back to RUNNING: a resumed sweep records its trials under it. Its failure
+        reason goes (the caller records what it was as jbench.resumed_after)."""
         self.client.update_run(run_id, status="RUNNING")
+        if "jbench.failure_reason" in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, "jbench.failure_reason")
 
 
 def runs_view_url(server_url: str, experiment_id: str) -> str:
