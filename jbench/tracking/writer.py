@@ -127,10 +127,6 @@ class Tracker:
             if exp.tags.get(key) != value:
                 self.client.set_experiment_tag(experiment_id, key, value)
 
-    def set_note(self, run_id: str, text: str) -> None:
-        """The run's description, shown in the MLflow UI's run page (markdown)."""
-        self.client.set_tag(run_id, "mlflow.note.content", text)
-
     def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
         """Rows as an MLflow table artifact (the UI's artifact view and Evaluation tab show it as a table)."""
         import pandas as pd
