@@ -296,7 +296,7 @@ class Sweep:
     def _remote_model_missing(self, trial: Trial) -> Optional[str]:
         """A model file missing on a remote device, found before anything runs (a local one: at planning)."""
         conn = self.connections[trial.config["device"]["name"]]
-        if conn.is_local:
+        if conn.is_local or not self.backend(trial).reads_model_file(trial):
             return None
         try:
             path, _ = resolve_model_file(trial.config["model"])
