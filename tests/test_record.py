@@ -202,3 +202,20 @@ def test_a_users_model_file_is_the_file_benchmarked_and_recorded(tmp_path, llama
     assert child.data.tags["model.file"] == str(own)
     assert child.data.tags["model.sha256"] == bundled_model["Q4_0"]["sha256"]  # the bytes benchmarked
     assert child.info.run_name == "mine Q4_0"  # no varying dimension: the model and its quant
+
+
+@pytest.mark.ssh
+def test_a_model_file_missing_on_a_remote_device_stops_the_sweep_before_anything_runs(orin_nano, tmp_path,
+                                                                                       llama_build):
+    from .test_ssh_devices import write_conf
+
+    conf = write_conf(tmp_path, orin_nano)
+    res = jbench_cli(["sweep", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={llama_build['bin_dir']}",
+                      "model.source=files", "model.name=mine", "model.path_template='/nonexistent/mine-{quant}.gguf'",
+                      "model.quant=Q4_0,Q8_0", "telemetry.source=none"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
+    assert res.returncode == 2, res.stdout + res.stderr
+    text = " ".join(res.stderr.split())
+    assert "model file /nonexistent/mine-Q4_0.gguf not found on device 'emu'" in text and "nothing was run" in text
+    assert "mine-Q8_0.gguf" in text and "Traceback" not in res.stderr
+    assert not (tmp_path / "r").exists()
