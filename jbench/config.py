@@ -151,8 +151,9 @@ class ModelConfig:
     source: str = nonident("files")
     package: Optional[str] = nonident(None)
     package_version: Optional[str] = nonident(None)
-    # SHA-256 of the source file (bundled) as published by its package.
-    sha256: Optional[str] = ident(None)
+    # SHA-256 of the source file (bundled) as published by its package (`jbench setup` checks it). The
+    # file a trial benchmarks (a derived quant, or a user's file) has its own hash: the run's model.sha256 tag.
+    source_sha256: Optional[str] = ident(None)
     source_quant: Optional[str] = ident(None)
     # Where the file lives (files, path_template, package) is not identity: the file's SHA-256 is, passed
     # to jbench.identity.trial_identity as model_digest.

@@ -63,6 +63,11 @@ RUN_TAGS = (TAG_VERSION, TAG_CONFIG_HASH, TAG_IDENTITY, TAG_BUILD, TAG_MODEL_DIG
 
 Declaration = Union[bool, str, tuple]
 
+# Config keys renamed since their runs were recorded, hashed under the old name so that every existing
+# run keeps its identity (resume and compare still match it) without a new HASH_VERSION: the model
+# package's published hash was `model.sha256`, a name now kept for the hash of the file benchmarked.
+HASHED_AS = {"model.source_sha256": "model.sha256"}
+
 log = logging.getLogger("jbench")
 
 
@@ -303,6 +308,9 @@ def identity_items_from_flat(flat: Mapping[str, Any], *, strict: bool = True, co
         if leaf.path in flat:  # flatten() gives a key either as a value or through sub-keys, never both
             items[leaf.path] = conv(flat[leaf.path])
             continue
+        if HASHED_AS.get(leaf.path) in flat:  # a run recorded before the key was renamed
+            items[leaf.path] = conv(flat[HASHED_AS[leaf.path]])
+            continue
         prefix = leaf.path + "."
         sub = {key: conv(value) for key, value in flat.items() if key.startswith(prefix)}
         if sub:
@@ -324,7 +332,14 @@ def identity_items(config: Mapping) -> dict[str, str]:
     return identity_items_from_flat(flatten(sections), strict=False, convert=canonical)
 
 
+def identity_params(config: Mapping) -> dict[str, str]:
+    """The inputs that define a trial, as MLflow params: its identity keys (config names) with a value.
+    Keys that do not apply (another scenario's, a local device's connection) are no identity keys."""
+    return {k: v for k, v in identity_items(config).items() if v != "null"}
+
+
 def _digest(payload: dict) -> str:
+    payload = {**payload, "config": {HASHED_AS.get(k, k): v for k, v in payload["config"].items()}}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

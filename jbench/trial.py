@@ -40,6 +40,13 @@ class Trial:
             return "(single trial)"
         return " ".join(f"{k}={v}" for k, v in self.point.items())
 
+    @property
+    def short_label(self) -> str:
+        """What the run is, in a few words: the varying dimensions' values (`MAXN_SUPER clocks=on Q4_K_M d4096`),
+        or the model and quant of a trial with none. The MLflow run name; the terminal may show it too."""
+        text = short_label(self.point) or f"{self.config['model']['name']} {self.config['model']['quant']}"
+        return f"{text} r{self.round}/{self.rounds}" if self.rounds > 1 else text
+
     def section(self, name: str) -> dict:
         return self.config[name]
 
@@ -55,6 +62,46 @@ class Trial:
     @property
     def resume_key(self) -> str:
         return resume_key(self.config_hash, self.round)
+
+
+# Sweep keys shown by value alone (their values say what they are) or under a short name.
+_BARE = {"model.quant", "power.mode", "model", "device", "backend", "model.name", "device.name", "backend.name"}
+_SHORT = {"power.jetson_clocks": "clocks", "power.fan": "fan", "backend.flash_attn": "fa",
+          "backend.n_gpu_layers": "ngl", "backend.threads": "t", "backend.scenario": "", "profile": ""}
+# Where a key's part goes in the name: power state first, then the model, then what the backend runs.
+_RANK = {"device": 0, "power": 1, "profile": 1, "model": 2, "backend": 3}
+_FIRST = ("power.mode", "power.jetson_clocks", "power.fan", "model", "model.name", "model.quant")  # within a rank
+
+
+def _short_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def short_label(point: dict) -> str:
+    """A sweep point as a short name: `{"power.mode": "MAXN_SUPER", "model.quant": "Q4_K_M", "backend.depth": 4096}`
+    -> `MAXN_SUPER Q4_K_M d4096`; K and V cache types that are equal read `kv=q8_0`."""
+    point = dict(point)
+    k, v = point.get("backend.cache_type_k"), point.get("backend.cache_type_v")
+    kv_same = "backend.cache_type_k" in point and "backend.cache_type_v" in point and k == v
+    parts: list[tuple[int, int, str]] = []
+    for i, (key, value) in enumerate(point.items()):
+        rank = _RANK.get(key.split(".")[0], 4)
+        if kv_same and key == "backend.cache_type_v":
+            continue
+        if kv_same and key == "backend.cache_type_k":
+            text = f"kv={_short_value(value)}"
+        elif key == "backend.cache_type_k" or key == "backend.cache_type_v":
+            text = f"{key[-1]}={_short_value(value)}"
+        elif key == "backend.depth":
+            text = f"d{_short_value(value)}"
+        elif key in _BARE or _SHORT.get(key) == "":
+            text = _short_value(value)
+        else:
+            text = f"{_SHORT.get(key, key.rsplit('.', 1)[-1])}={_short_value(value)}"
+        parts.append((rank, _FIRST.index(key) if key in _FIRST else len(_FIRST) + i, text))
+    return " ".join(text for _, _, text in sorted(parts))
 
 
 def wants_power_control(mode: Any, jetson_clocks: Any, fan: Any) -> bool:

@@ -50,7 +50,7 @@ def test_quant_ladder_sweep_lands_in_mlflow(tmp_path, llama_build, bundled_model
         assert child.info.status == "FINISHED"
         assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["jbench.sweep_id"] == sweep_id
         assert params["model.quant"] == quant and params["backend.n_gen"] == "4" and params["backend.repetitions"] == "2"
-        assert params["choice.model"] == "gemma3_270m" and params["choice.device"] == "local"
+        assert tags["jbench.choice.model"] == "gemma3_270m" and tags["jbench.choice.device"] == "local"
         assert tags["model.quant"] == quant and tags["model.sha256"] == bundled_model[quant]["sha256"]
         assert tags["model.requantized_from"] == "Q4_K_M"
         assert tags["backend.name"] == "llamacpp" and tags["backend.build_commit"] == llama_build["build_commit"]

@@ -106,6 +106,19 @@ class _Tracker:
     def running_runs(self, exp_id):
         return [(rid, dict(r["tags"]), dict(r["params"])) for rid, r in self.runs.items() if r["status"] == "RUNNING"]
 
+    def describe_experiment(self, exp_id, description):
+        self.description = description
+
+    def log_table(self, run_id, rows, artifact_file):
+        self.runs[run_id]["files"][artifact_file] = rows
+
+    def run_record(self, run_id):
+        r = self.runs[run_id]
+        return {"status": r["status"], "params": r["params"], "tags": r["tags"], "metrics": r["metrics"]}
+
+    def reopen_run(self, run_id):
+        self.runs[run_id]["status"] = "RUNNING"
+
 
 class _Scripted(Stage):
     """A measure stage that plays a script: exceptions to raise, then a result."""

@@ -276,7 +276,7 @@ def test_moved_store_keeps_working_and_ui_serves_old_and_new_artifacts(tmp_path,
     finally:
         ui.send_signal(signal.SIGTERM)
         out, err = ui.communicate(timeout=30)
-    assert f"http://127.0.0.1:{port}/#/experiments/{exp.experiment_id}/runs" in out, out
+    assert f"http://127.0.0.1:{port}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning" in out, out
     assert "Traceback" not in out + err, err
     with pytest.raises(OSError):  # the server and its workers are gone
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)

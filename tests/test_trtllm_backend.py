@@ -224,7 +224,11 @@ def test_prebuilt_engine_dir_is_used_as_is(standin, tmp_path):
 
 
 def test_missing_checkpoint_is_missing_model(standin):
-    trial, b = standin.trial(*LATENCY, "model.quant=FP16")
+    # Refused when planned (a local device); a trial run anyway (a file gone since) fails as missing_model.
+    p = standin.plan(*LATENCY, "model.quant=FP16")
+    assert [m for m in p.problems if "no-such-ckpt not found" in m], p.problems
+    trial = p.trials[0]
+    b = TrtllmBackend(trial.config["backend"])
     with pytest.raises(BackendError) as err:
         b.run(trial, LocalConnection(), log)
     assert err.value.category == "missing_model" and "no-such-ckpt" in str(err.value)

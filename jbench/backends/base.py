@@ -98,6 +98,11 @@ class Backend(ABC):
     def preflight(self, conn: Connection) -> list[str]:
         """Problems found on the device before any trial runs (binaries missing, ...)."""
 
+    def reads_model_file(self, trial: Trial) -> bool:
+        """Whether this trial reads its model file (model.files / path_template / the bundled file): if so,
+        the planner (local device) or preflight (remote device) refuses the sweep when the file is missing."""
+        return True
+
     def build_id(self, conn: Connection) -> Optional[str]:
         """What identifies the backend build on the device (part of a trial's identity: a different build
         is not "already FINISHED"); None when the backend cannot tell. Called once per device after a

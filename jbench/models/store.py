@@ -85,6 +85,37 @@ def save_manifest(model_name: str, manifest: dict) -> None:
     tmp.replace(path)
 
 
+def override_problem(model: dict) -> Optional[str]:
+    """Why a model section's file overrides cannot take effect, or None: a bundled model's file is the one
+    `jbench setup` made and verified, so model.files / model.path_template on it would be recorded but
+    not benchmarked. They are refused instead, naming how to benchmark one's own file."""
+    if model.get("source") != "bundled":
+        return None
+    set_keys = [k for k in ("files", "path_template") if model.get(k)]
+    if not set_keys:
+        return None
+    keys = " / ".join(f"model.{k}" for k in set_keys)
+    return (f"{keys} does not apply to the bundled model '{model['name']}' (model.source=bundled benchmarks the "
+            f"file `jbench setup` made). To benchmark your own file, set model.source=files and "
+            f"model.name=<your model's name> with it")
+
+
+def local_file_problem(model: dict) -> Optional[str]:
+    """Why the trial's model file is missing on this machine, or None (found, or not resolvable: the
+    backend's validation reports that)."""
+    try:
+        path, _ = resolve_model_file(model)
+    except ModelError:
+        return None
+    if os.path.exists(os.path.expanduser(path)):
+        return None
+    quant = model["quant"]
+    if model.get("source") == "bundled":
+        return f"model '{model['name']}' {quant}: {path} is gone: run `jbench setup`"
+    return (f"model file {path} not found (model '{model['name']}' {quant}): fix model.files.{quant} or "
+            f"model.path_template")
+
+
 def resolve_model_file(model: dict) -> tuple[str, dict]:
     """Path (on the device) of the trial's model file, and facts to tag the run with.
 
@@ -102,6 +133,7 @@ def resolve_model_file(model: dict) -> tuple[str, dict]:
                     f"{', '.join(ladder)}. Add {quant} to model.ladder and run `jbench setup`."
                 )
             raise ModelError(f"model '{name}' {quant} is not installed: run `jbench setup`")
+        # model.sha256 is always the file benchmarked (here: recorded by `jbench setup` when it made the file).
         facts = {"model.sha256": entry["sha256"], "model.file": entry["path"]}
         if entry.get("requantized_from"):
             facts["model.requantized_from"] = entry["requantized_from"]

@@ -425,7 +425,9 @@ def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], l
         if isinstance(cls, str):
             msgs = [cls]
         else:
-            msgs = cls(config["backend"]).validate(trial) + _capability_problems(cls, config)
+            backend = cls(config["backend"])
+            msgs = backend.validate(trial) + _capability_problems(cls, config)
+            msgs += _model_file_problems(config, msgs, backend.reads_model_file(trial))
         msgs += _registered_names_problems(config)
         if not msgs:
             fit = memory_check(config, reserve_bytes)
@@ -469,6 +471,20 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         problems.append("the grid is empty after dropping: " + "; ".join(notes))
     return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=ex.tracking,
                 overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep)
+
+
+def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> list[str]:
+    """A file override that would be ignored, or a model file missing on this machine (a local device) for
+    a backend that reads it: caught here, so nothing runs, rather than as FAILED runs (a remote device's
+    file: at preflight)."""
+    from jbench.models.store import local_file_problem, override_problem
+
+    if (msg := override_problem(config["model"])) is not None:
+        return [msg]
+    if found or not reads_file or (config.get("device") or {}).get("kind", "local") != "local":
+        return []
+    msg = local_file_problem(config["model"])
+    return [msg] if msg else []
 
 
 def _registered_names_problems(config: dict) -> list[str]:

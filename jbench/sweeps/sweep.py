@@ -28,13 +28,13 @@ from jbench.device.fingerprint import host_fingerprint
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStateError, PowerStrategy
-from jbench.models.store import resolve_model_file
+from jbench.models.store import ModelError, resolve_model_file
 from jbench.results import Category, Finding, Result, Status
 from jbench.sweeps.context import TrialContext, TrialLog, typed_config
 from jbench.sweeps.plan import Plan
 from jbench.sweeps.stages import Stage, default_stages
-from jbench.identity import HASH_VERSION, model_digest, trial_identity
-from jbench.trial import Trial, flatten, resume_key
+from jbench.identity import HASH_VERSION, identity_params, model_digest, trial_identity
+from jbench.trial import Trial, resume_key
 
 log = logging.getLogger("jbench")
 
@@ -151,6 +151,9 @@ class Sweep:
         self.on_trial_start = on_trial_start
         self.on_trial_end = on_trial_end
         self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        # The sweep id its runs record: this one, or the KILLED sweep it resumes (sweep_id stays this
+        # controller's own: leases and power-state files name it).
+        self.record_id = self.sweep_id
         self.notes: list[str] = list(plan.notes)
         self.connections: dict[str, Connection] = {}
         self.fingerprints: dict[str, dict[str, str]] = {}
@@ -162,6 +165,7 @@ class Sweep:
         self._builds: dict[tuple, Optional[str]] = {}  # (device, backend config) -> build id
         self._digests: dict[tuple, Optional[str]] = {}  # (device, model section) -> model file SHA-256
         self.identities: dict[int, TrialIdentity] = {}  # trial index -> its identity, from preflight
+        self._model_found: dict[tuple, bool] = {}  # (device, model path) -> the file is there
 
     # -- the whole sweep -------------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ class Sweep:
                 outcomes = [_skipped(t, self.resume_key(t), done, []) for t in runnable]
                 for outcome in outcomes:
                     self.on_trial_end(outcome)
-                return SweepOutcome(self.sweep_id, exp_name, None, uri, outcomes, self.notes)
+                return SweepOutcome(self.record_id, exp_name, None, uri, outcomes, self.notes)
             self._lease_devices(todo)  # before anything on a device changes: one controller per device
             tracker = self.tracker_factory()  # the store is created only once the devices are ready
             self._save_power_states(todo)
@@ -251,6 +255,8 @@ class Sweep:
                 problem(msg)
             if not msgs:
                 self.identities[trial.index] = self._identity(trial, key)
+                if (msg := self._remote_model_missing(trial)) is not None:
+                    problem(msg)
             if trial.wants_power_control:
                 strategy = self.strategies.get(name)
                 if strategy is None:
@@ -286,6 +292,22 @@ class Sweep:
             self._digests[model_key] = model_digest(model, conn)
         build, digest = self._builds[backend_key], self._digests[model_key]
         return TrialIdentity(trial_identity(trial.config, build=build, model_digest=digest), build, digest)
+
+    def _remote_model_missing(self, trial: Trial) -> Optional[str]:
+        """A model file missing on a remote device, found before anything runs (a local one: at planning)."""
+        conn = self.connections[trial.config["device"]["name"]]
+        if conn.is_local or not self.backend(trial).reads_model_file(trial):
+            return None
+        try:
+            path, _ = resolve_model_file(trial.config["model"])
+        except ModelError:
+            return None  # validation reported it
+        key = (conn.name, path)
+        if key not in self._model_found:
+            self._model_found[key] = conn.exists(conn.expand_path(path))
+        if self._model_found[key]:
+            return None
+        return f"model file {path} not found on device '{conn.name}': copy it there or fix model.files / model.path_template"
 
     def _open_device(self, device: dict, problem: Callable[[str], None]) -> bool:
         name = device["name"]
@@ -380,19 +402,34 @@ class Sweep:
     def _run_trials(self, trials: list[Trial], tracker: Any, exp_name: str, done: dict[str, dict]) -> SweepOutcome:
         plan, sweep = self.plan, self.plan.sweep
         exp_id = tracker.experiment_id(exp_name)
-        common_tags = {"jbench.sweep_id": self.sweep_id, "jbench.version": __version__, "jbench.git_sha": git_sha(),
-                       "jbench.controller": controller_id()}
+        experiment = (trials[0].config.get("experiment") or {}) if trials else {}
+        tracker.describe_experiment(exp_id, str(experiment.get("description") or ""))
         self._reap_dead_runs(tracker, exp_id)
-        parent = tracker.start_run(
-            exp_id, f"sweep {self.sweep_id}",
-            params={"sweep.overrides": " ".join(plan.overrides), "sweep.n_trials": len(trials),
-                    **{f"sweep.dim.{k}": v for k, v in plan.dims.items()}},
-            tags={**common_tags, "jbench.kind": "sweep", "jbench.experiment": plan.experiment},
-        )
+        # A sweep resumed after Ctrl-C (or its controller's death) goes on under the parent it left KILLED:
+        # one sweep id, one parent run with all its trials, so `report --sweep` and `compare` see them all.
+        resumed = self._killed_parent(tracker, trials, done)
+        if resumed is not None:
+            parent, self.record_id, earlier = resumed
+        common_tags = {"jbench.sweep_id": self.record_id, "jbench.version": __version__, "jbench.git_sha": git_sha(),
+                       "jbench.controller": controller_id(), **_source_tags()}
+        if resumed is not None:
+            tracker.reopen_run(parent)
+            tracker.log(parent, tags={**common_tags, "jbench.status": "RUNNING",
+                                      "jbench.resumes": int(earlier.get("jbench.resumes", 0) or 0) + 1,
+                                      "jbench.resumed_after": earlier.get("jbench.failure_reason") or "KILLED"})
+            log.info("resuming sweep %s (parent run %s)", self.record_id, parent)
+        else:
+            parent = tracker.start_run(
+                exp_id, f"{plan.experiment} {time.strftime('%Y-%m-%d %H:%M')}",
+                params={"sweep.overrides": " ".join(plan.overrides), "sweep.n_trials": len(trials),
+                        **{f"sweep.dim.{k}": v for k, v in plan.dims.items()}},
+                tags={**common_tags, "jbench.kind": "sweep", "jbench.experiment": plan.experiment,
+                      "mlflow.note.content": _sweep_note(plan, trials, experiment, self.record_id)},
+            )
         ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
         outcomes: list[TrialOutcome] = []
         running: Optional[TrialOutcome] = None  # the trial whose run is open (marked KILLED on Ctrl-C)
-        recorder = _Recorder(tracker, exp_id, parent, common_tags)
+        recorder = _Recorder(tracker, exp_id, parent, common_tags, plan.experiment)
         try:
             for trial in trials:
                 self.on_trial_start(trial)
@@ -422,12 +459,39 @@ class Sweep:
             tracker.end_run(parent, "KILLED")
             raise
         n_failed = sum(o.status == Status.FAILED for o in outcomes)
-        n_skipped = sum(o.status == Status.SKIPPED for o in outcomes)
+        # Under a resumed sweep's parent, its trials done before the interruption count as its finished ones.
+        n_skipped = sum(o.status == Status.SKIPPED and not (resumed and o.category == Category.RESUMED)
+                        for o in outcomes)
         tracker.log(parent, tags={"jbench.failed_trials": n_failed, "jbench.skipped_trials": n_skipped,
                                   "jbench.finished_trials": len(outcomes) - n_failed - n_skipped,
+                                  "jbench.status": "FAILED" if n_failed else "FINISHED",
                                   **({"jbench.dropped": "; ".join(self.notes)[:5000]} if self.notes else {})})
+        try:
+            tracker.log_table(parent, _summary_rows(outcomes, plan.dims, tracker, done), SUMMARY_TABLE)
+        except Exception as exc:  # the table is a convenience: never lose the sweep's end over it
+            log.warning("the sweep's summary table was not logged: %s", exc)
         tracker.end_run(parent, "FAILED" if n_failed else "FINISHED")
-        return SweepOutcome(self.sweep_id, exp_name, parent, tracker.uri, outcomes, self.notes)
+        return SweepOutcome(self.record_id, exp_name, parent, tracker.uri, outcomes, self.notes)
+
+    def _killed_parent(self, tracker: Any, trials: list[Trial], done: dict[str, dict]
+                       ) -> Optional[tuple[str, str, dict]]:
+        """(parent run id, sweep id, its tags) of the KILLED sweep this one resumes: the parent of trials of
+        this plan already FINISHED, left KILLED, with the same overrides. None: a new sweep."""
+        overrides = " ".join(self.plan.overrides)
+        seen: set[str] = set()
+        for trial in trials:
+            entry = done.get(self.resume_key(trial))
+            if entry is None:
+                continue
+            parent = tracker.run_record(entry["run_id"])["tags"].get("mlflow.parentRunId")
+            if not parent or parent in seen:
+                continue
+            seen.add(parent)
+            rec = tracker.run_record(parent)
+            if rec["status"] == "KILLED" and rec["params"].get("sweep.overrides") == overrides \
+                    and rec["tags"].get("jbench.sweep_id"):
+                return parent, rec["tags"]["jbench.sweep_id"], rec["tags"]
+        return None
 
     # -- one trial --------------------------------------------------------------------------------
 
@@ -489,13 +553,15 @@ class Sweep:
 class _Recorder:
     """How a trial's run is written to the tracker (the only place that knows the run's layout)."""
 
-    def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str]):
+    def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str], experiment: str = ""):
         self.tracker, self.exp_id, self.parent, self.common_tags = tracker, exp_id, parent, common_tags
+        self.experiment = experiment
 
     def start(self, trial: Trial, fingerprint: dict[str, str], identity: Optional["TrialIdentity"]) -> str:
         cfg = trial.config
-        params = flatten(cfg)
-        params.update({f"choice.{k}": v for k, v in trial.choices.items()})
+        # Params are the inputs that define the trial (its identity keys that have a value); the whole
+        # resolved config is the config.yaml artifact.
+        params = identity_params(cfg)
         tags = {
             **self.common_tags, **fingerprint,
             "jbench.kind": "trial",
@@ -503,10 +569,13 @@ class _Recorder:
             "jbench.hash_version": HASH_VERSION,
             "jbench.trial_index": trial.index,
             "jbench.trial_label": trial.label,
+            # Searchable by tag as well (compare/regress and TAG=VALUE selections read these).
             "device.name": cfg["device"]["name"],
             "backend.name": cfg["backend"]["name"],
             "model.name": cfg["model"]["name"],
             "model.quant": cfg["model"]["quant"],
+            **{f"jbench.choice.{k}": v for k, v in trial.choices.items()},
+            "mlflow.note.content": _trial_note(trial, self.experiment),
         }
         if trial.rounds > 1:
             tags["jbench.round"] = trial.round
@@ -516,9 +585,11 @@ class _Recorder:
         try:
             _, model_facts = resolve_model_file(cfg["model"])
             tags.update(model_facts)
-        except Exception:  # the backend reports a missing model as the trial's failure
+        except ModelError:  # the backend reports a missing model as the trial's failure
             pass
-        return self.tracker.start_run(self.exp_id, f"{trial.index:03d} {trial.label}", parent_run_id=self.parent,
+        if identity is not None and identity.model_digest:
+            tags["model.sha256"] = identity.model_digest  # the file benchmarked, as its identity counts it
+        return self.tracker.start_run(self.exp_id, trial.short_label, parent_run_id=self.parent,
                                       params=params, tags=tags)
 
     def measured(self, run_id: str, record: Result) -> None:
@@ -542,6 +613,73 @@ class _Recorder:
         self.tracker.log(outcome.run_id, tags=tags)
         self.tracker.log_texts(outcome.run_id, {k: v for k, v in artifacts.items() if v})
         self.tracker.end_run(outcome.run_id, str(outcome.status))
+
+
+SUMMARY_TABLE = "summary.json"  # the parent's per-trial table (MLflow table artifact)
+
+
+def _source_tags() -> dict[str, str]:
+    """MLflow's standard who/what fields: the user, the command that ran, jbench's commit."""
+    import getpass
+    import sys
+
+    tags = {"mlflow.source.type": "LOCAL",
+            "mlflow.source.name": " ".join([os.path.basename(sys.argv[0]) or "jbench", *sys.argv[1:]])[:500]}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers): MLflow's own default then
+        pass
+    sha = git_sha().split("-")[0]
+    if len(sha) == 40:
+        tags["mlflow.source.git.commit"] = sha
+    return tags
+
+
+def _sweep_note(plan: Plan, trials: list[Trial], experiment: dict, sweep_id: str) -> str:
+    """The parent run's description (markdown, the run page's Description)."""
+    desc = str(experiment.get("description") or "").strip()
+    lines = [f"**{plan.experiment}**" + (f": {desc}" if desc else ""), ""]
+    dims = ", ".join(f"`{k}` = {', '.join(map(str, v))}" for k, v in plan.dims.items()) or "none (one trial)"
+    lines += [f"- sweep `{sweep_id}`: {len(trials)} trial(s); varying: {dims}",
+              f"- overrides: `{' '.join(plan.overrides) or '(none)'}`",
+              f"- per-trial summary: `{SUMMARY_TABLE}`; `jbench report --sweep {sweep_id}` attaches a report here"]
+    return "\n".join(lines)
+
+
+def _trial_note(trial: Trial, experiment: str) -> str:
+    """A child run's description: what ran, in words."""
+    b, m, d = trial.config["backend"], trial.config["model"], trial.config["device"]
+    what = (f"{m.get('display_name') or m['name']} {m['quant']} with {b['name']} on device '{d['name']}': "
+            f"prompt {b.get('n_prompt')} tokens, {b.get('n_gen')} generated")
+    if b.get("depth"):
+        what += f", at depth {b['depth']}"
+    what += f", {b.get('repetitions')} repetition(s)"
+    if trial.rounds > 1:
+        what += f" (round {trial.round} of {trial.rounds})"
+    return f"Trial {trial.index} of {experiment or 'the sweep'}: {trial.short_label}. {what}."
+
+
+def _summary_rows(outcomes: list[TrialOutcome], dims: dict, tracker: Any, done: dict[str, dict]) -> list[dict]:
+    """One row per trial: run name, the varying dimensions, status, prefill/decode tok/s, tokens per joule.
+    A trial skipped as already FINISHED shows that run's figures (read back from the store)."""
+    rows = []
+    seen: set[tuple] = set()
+    for o in outcomes:
+        key = (o.trial.index, o.run_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        metrics = o.metrics
+        if o.status == Status.SKIPPED and o.category == Category.RESUMED and o.run_id:
+            metrics = tracker.run_record(o.run_id)["metrics"]
+        row: dict[str, Any] = {"run": o.trial.short_label, "run_id": o.run_id or ""}
+        row.update({k: str(o.trial.point.get(k, "")) for k in dims})
+        row["status"] = str(o.status) if o.category != Category.RESUMED else "FINISHED (earlier)"
+        for col in ("prefill_tps", "decode_tps", "decode_tokens_per_joule"):
+            v = metrics.get(col)
+            row[col] = round(float(v), 3) if v is not None and v == v else None
+        rows.append(row)
+    return rows
 
 
 def _oom_key(trial: Trial) -> tuple:

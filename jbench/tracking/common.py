@@ -186,3 +186,10 @@ def store_problem(uri: str, results_dir: str | Path) -> Optional[str]:
         for location in _artifact_locations(db) if db.exists() else []:
             problem = problem or writable_problem(local_path(location) or location)
     return problem
+
+
+def runs_view_url(server_url: str, experiment_id: str) -> str:
+    """The link that opens an experiment on its runs table in the MLflow UI. MLflow 3.17's UI picks GenAI
+    pages or model-training pages from its `workflowType` (URL parameter, else the browser's last choice,
+    GenAI by default), not from the experiment's `mlflow.experimentKind` tag, so the link names it."""
+    return f"{server_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"

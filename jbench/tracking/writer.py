@@ -304,3 +304,57 @@ class Tracker:
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)),
                                    end_time=self.now_ms())
+
+    # -- the record as MLflow users read it (run id first) -----------------------------------------
+
+    @experiment_write
+    def describe_experiment(self, experiment_id: str, description: str) -> None:
+        """The experiment's description (the UI's About panel) and its kind: MLflow 3 opens an experiment
+        on its GenAI pages ("Traces 0") unless `mlflow.experimentKind` says it holds model runs."""
+        tags = {"mlflow.experimentKind": "custom_model_development"}
+        if description:
+            tags["mlflow.note.content"] = description
+        exp = self.client.get_experiment(experiment_id)
+        for key, value in tags.items():
+            if exp.tags.get(key) != value:
+                self.client.set_experiment_tag(experiment_id, key, value)
+
+    @run_write
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """Rows as an MLflow table artifact (the UI's artifact view and Evaluation tab show it as a table)."""
+        import pandas as pd
+
+        self.client.log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+    def run_record(self, run_id: str) -> dict[str, Any]:
+        """{"status", "params", "tags", "metrics"} of a run; empty when the server does not answer (the
+        Tracker then spools) or, while spooling, for a run that lives only on the server."""
+        empty: dict[str, Any] = {"status": "", "params": {}, "tags": {}, "metrics": {}}
+        try:
+            run = self.client.get_run(self._run_ids.get(run_id, run_id))
+        except Exception as exc:
+            if self.spooling is not None:
+                return empty
+            if not (self._remote and unreachable(exc)):
+                raise
+            self._fail_over(exc)
+            return empty
+        return {"status": run.info.status, "params": dict(run.data.params), "tags": dict(run.data.tags),
+                "metrics": dict(run.data.metrics)}
+
+    def reopen_run(self, run_id: str) -> None:
+        """A KILLED sweep's parent back to RUNNING: a resumed sweep records its trials under it. Its failure
+        reason goes (the caller records what it was as jbench.resumed_after). The reopened run is journaled
+        like a new one, so a server outage from here on re-creates it in the spool under its own jbench.run_uid
+        and `jbench sync` completes the server's copy."""
+        run = self.client.get_run(run_id)
+        self.client.update_run(run_id, status="RUNNING")
+        if "jbench.failure_reason" in run.data.tags:
+            self.client.delete_tag(run_id, "jbench.failure_reason")
+        uid = run.data.tags.get(RUN_UID_TAG)
+        if not uid:  # recorded before runs had an identity
+            uid = uuid.uuid4().hex
+            self.client.set_tag(run_id, RUN_UID_TAG, uid)
+        self._uids[run_id] = uid
+        self._journal[run_id] = [(run.info.experiment_id, run.info.run_name, None, uid, run.info.start_time)]
+

@@ -278,6 +278,10 @@ class TrtllmBackend(Backend):
         res = conn.run(["sh", "-c", 'command -v "$1"', "sh", path], timeout=30)
         return res.returncode == 0 and bool(res.stdout.strip())
 
+    def reads_model_file(self, trial: Trial) -> bool:
+        # A prebuilt engine (backend.engine_dir) is run as it is: the checkpoint is not read.
+        return not trial.section("backend").get("engine_dir")
+
     def preflight(self, conn: Connection) -> list[str]:
         cfg = self.config
         needed: list[tuple[str, str]] = []
