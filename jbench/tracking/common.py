@@ -154,7 +154,8 @@ def writable_problem(path: str | Path, *, directory: bool = True) -> Optional[st
         with tempfile.NamedTemporaryFile(dir=probe, prefix=".jbench-write-check-"):
             pass
     except OSError as exc:
-        return f"{probe} is not writable ({exc.strerror or exc})"
+        where = f"{probe}" if probe == path else f"{path} cannot be created: {probe}"
+        return f"{where} is not writable ({exc.strerror or exc})"
     return None
 
 
