@@ -51,11 +51,14 @@ def test_quant_ladder_sweep_lands_in_mlflow(tmp_path, llama_build, bundled_model
         assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["jbench.sweep_id"] == sweep_id
         assert params["model.quant"] == quant and params["backend.n_gen"] == "4" and params["backend.repetitions"] == "2"
         assert tags["jbench.choice.model"] == "gemma3_270m" and tags["jbench.choice.device"] == "local"
-        assert tags["model.quant"] == quant and tags["model.sha256"] == bundled_model[quant]["sha256"]
+        # Identity keys are params only, never repeated as tags.
+        assert not {"model.quant", "model.name", "backend.name", "device.name"} & set(tags)
+        assert tags["model.sha256"] == bundled_model[quant]["sha256"]
         assert tags["model.requantized_from"] == "Q4_K_M"
-        assert tags["backend.name"] == "llamacpp" and tags["backend.build_commit"] == llama_build["build_commit"]
-        assert tags["device.name"] == "local" and tags["host.kernel"].startswith("Linux") and tags["host.cpu"]
+        assert params["backend.name"] == "llamacpp" and tags["backend.build_commit"] == llama_build["build_commit"]
+        assert params["device.name"] == "local" and tags["host.kernel"].startswith("Linux") and tags["host.cpu"]
         assert len(tags["jbench.config_hash"]) == 16 and tags["jbench.version"] and tags["jbench.git_sha"]
+        assert not set(params) & set(tags), "a param repeated as a tag"
         for key in ("prefill_tps", "decode_tps", "prefill_tps_std", "decode_tps_std"):
             assert metrics[key] > 0, key
         history = client.get_metric_history(child.info.run_id, "decode_tps_rep")

@@ -281,7 +281,7 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
     for t in trials:
         tags, m = t.data.tags, t.data.metrics
         mode = t.data.params["power.mode"]
-        assert tags["device.name"] == "emu" and tags["jetson.l4t"] == "36.4.4" and "Orin Nano" in tags["jetson.module"]
+        assert t.data.params["device.name"] == "emu" and tags["jetson.l4t"] == "36.4.4" and "Orin Nano" in tags["jetson.module"]
         assert tags["power.mode_actual"] == mode and tags["power.jetson_clocks_actual"] == "True"
         # The fingerprint is the trial's own, not the sweep's start: the mode this trial ran in.
         assert tags["jetson.power_mode"].startswith(mode + " ") and tags["jetson.boot_id"]

@@ -107,7 +107,8 @@ class Measure(Stage):
         result = ctx.backend_result
         assert result is not None
         tags = {f"backend.{k}": str(v) for k, v in result.build.items()}
-        tags.update({f"backend.{k}": str(v) for k, v in result.info.items()
+        # What the backend says it ran with (its own output), apart from the params that asked for it.
+        tags.update({f"backend.reported.{k}": str(v) for k, v in result.info.items()
                      if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})
         artifacts = {"raw/stdout.txt": result.raw_output, "raw/stderr.txt": result.raw_stderr}
         if result.findings:

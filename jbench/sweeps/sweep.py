@@ -569,11 +569,6 @@ class _Recorder:
             "jbench.hash_version": HASH_VERSION,
             "jbench.trial_index": trial.index,
             "jbench.trial_label": trial.label,
-            # Searchable by tag as well (compare/regress and TAG=VALUE selections read these).
-            "device.name": cfg["device"]["name"],
-            "backend.name": cfg["backend"]["name"],
-            "model.name": cfg["model"]["name"],
-            "model.quant": cfg["model"]["quant"],
             **{f"jbench.choice.{k}": v for k, v in trial.choices.items()},
             "mlflow.note.content": _trial_note(trial, self.experiment),
         }

@@ -17,6 +17,12 @@ import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:
 from jbench.tracking.common import is_remote, resolve_uri, server_problem
 from jbench.trial import resume_key
 
+
+# The trial's identity keys that every reader selects and groups on (`tags.model.quant` ...). Trials record
+# them as params only (MLflow's Compare charts params); runs_frame shows them as tags too, so frames of
+# older runs (which had both) and newer ones read alike.
+TAGS_FROM_PARAMS = ("device.name", "backend.name", "model.name", "model.quant")
+
 log = logging.getLogger("jbench")
 
 # --- reading results (report, compare, regress, export) ---------------------------------------
@@ -254,6 +260,8 @@ def runs_frame(
 
     kinds = None if kinds is None else list(dict.fromkeys(kinds))
     tag_filters = {k: str(v) for k, v in (tag_filters or {}).items()}
+    # Keys a trial records as params (not also as tags) are selected on their params.
+    param_filters = {k: tag_filters.pop(k) for k in list(tag_filters) if k in TAGS_FROM_PARAMS}
     sweep_list = None if sweep_ids is None else [str(s) for s in dict.fromkeys(sweep_ids)]
     id_list = None if run_ids is None else [str(r) for r in dict.fromkeys(run_ids)]
     sweep_set = None if sweep_list is None else set(sweep_list)
@@ -292,6 +300,9 @@ def runs_frame(
     records = []
     keys: dict[str, set] = {"params": set(), "metrics": set(), "tags": set()}
     for run_id, exp_id, status, start, end, params, metrics, tags in rows:
+        tags = {**{k: params[k] for k in TAGS_FROM_PARAMS if k in params}, **tags}
+        if any(tags.get(k) != v for k, v in param_filters.items()):
+            continue
         rec = {"run_id": run_id, "experiment": exp_names.get(exp_id, exp_id), "status": status,
                "start_time": start, "end_time": end}
         for group, values in (("params", params), ("metrics", metrics), ("tags", tags)):
