@@ -130,8 +130,10 @@ def test_server_killed_mid_sweep_is_spooled_and_synced_once(tmp_path, llama_buil
         _kill(server)
     assert sweep.returncode == 0, out + err
     assert "Traceback" not in out + err
-    spool_lines = [ln for ln in (out + err).splitlines() if "spool" in ln]
+    spool_lines = [ln for ln in (out + err).splitlines() if "measuring on into the spool" in ln]
     assert len(spool_lines) == 1 and "jbench sync" in spool_lines[0] and str(results / "spool") in spool_lines[0]
+    # ...and the last line says where the results are: the spool, not the server that died.
+    assert "results: spooled in" in out and "jbench sync" in out.splitlines()[-1], out
     assert "trial 3/3" in out or out.count("FINISHED") >= 3, out
 
     # The server still down: sync says so in one line, exit 2, and leaves the spool as it was.
@@ -249,11 +251,14 @@ def test_moved_store_keeps_working_and_ui_serves_old_and_new_artifacts(tmp_path,
     env = {"JBENCH_RESULTS_DIR": str(moved)}
     res = jbench_cli(["run", *SMALL, "model.quant=Q8_0"], env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    res = jbench_cli(["report"], env_extra=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert not first.exists()
     client = MlflowClient(f"sqlite:///{moved}/mlflow.db")
     exp = client.get_experiment_by_name("adhoc")
+    newest = client.search_runs([exp.experiment_id], filter_string="tags.`jbench.kind` = 'sweep'",
+                                order_by=["attributes.start_time DESC"], max_results=1)[0]
+    # A sweep's report is attached to its own parent (a whole-experiment report is attached nowhere).
+    res = jbench_cli(["report", "--sweep", newest.data.tags["jbench.sweep_id"]], env_extra=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not first.exists()
     assert exp.artifact_location == "mlflow-artifacts:/adhoc"
     runs = client.search_runs([exp.experiment_id], filter_string="tags.`jbench.kind` = 'trial'",
                               order_by=["attributes.start_time ASC"])

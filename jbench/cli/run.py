@@ -237,17 +237,18 @@ class _TrialProgress:
 
     def end(self, outcome) -> None:
         self.done += 1
+        label = escape(trial_label(outcome.trial, self.keys))
         if self.bar is not None:
             self.bar.advance(self.task)
-        else:
-            self.print(f"trial {self.done}/{self.total} {escape(trial_label(outcome.trial, self.keys))}: "
-                       f"{outcome.status} ({outcome.wall_s:.0f} s)")
+        elif outcome.status not in ("FAILED", "SKIPPED"):  # those get their own line below, with the reason
+            self.print(f"trial {self.done}/{self.total} {label}: {outcome.status} ({outcome.wall_s:.0f} s)")
         for finding in outcome.findings:
             self.print(f"[yellow]trial {outcome.trial.index} finding:[/] {escape(finding.message)}")
         if outcome.status == "FAILED":
-            self.print(f"[red]trial {outcome.trial.index} FAILED[/] ({outcome.category}): {escape(str(outcome.error))}")
+            self.print(f"[red]trial {self.done}/{self.total} {label} FAILED[/] ({outcome.category}): "
+                       f"{escape(str(outcome.error))}")
         elif outcome.status == "SKIPPED":
-            self.print(f"[cyan]trial {outcome.trial.index} skipped[/] ({outcome.category}): "
+            self.print(f"[cyan]trial {self.done}/{self.total} {label} skipped[/] ({outcome.category}): "
                        f"{escape(str(outcome.error))}")
 
 
