@@ -90,8 +90,10 @@ def test_installed_wheel_carries_the_config_tree(tmp_path):
     wheel = next(wheel_dir.glob("jbench-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("jbench/conf/config.yaml", "jbench/conf/model/gemma3_270m.yaml",
-                   "jbench/conf/experiment/quant_ladder.yaml", "jbench/cli.py"):
+                   "jbench/conf/experiment/quant_ladder.yaml", "jbench/cli/__init__.py",
+                   "jbench/cli/run.py", "jbench/tracking/sync.py"):
         assert needed in names
+    assert "jbench/cli.py" not in names  # the module became the cli/ package
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
