@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/jbench calibrate local
 	$(BIN)/jbench sweep +experiment=quant_ladder
 	@echo
-	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open http://127.0.0.1:5000"
+	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open the link it prints (the runs view)"
 
 # Every test, each under pytest-timeout's limit (`timeout` in pyproject.toml).
 test: setup
