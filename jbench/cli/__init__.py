@@ -48,13 +48,12 @@ def _setup_logging(verbose: bool) -> None:
         format="%(levelname)s %(name)s: %(message)s",
         force=True,
     )
-    # MLflow configures its own loggers when imported (announcing store migrations at INFO) and draws
-    # upload progress bars; jbench prints its own progress, so both stay quiet unless -v is given.
+    # MLflow configures its own loggers when imported (announcing store migrations at INFO); jbench prints
+    # its own progress, so they stay quiet unless -v is given (tracking/common.py silences its progress bars).
     if verbose:
         os.environ["MLFLOW_LOGGING_LEVEL"] = "DEBUG"
     else:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     level = logging.DEBUG if verbose else logging.WARNING
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(level)

@@ -35,16 +35,13 @@ def _results_tracker(results_dir: Optional[str]):
     return Tracker(None, results)
 
 
-def check_output(path: str, *, directory: bool) -> None:
-    """An --out path that cannot be written: one message, exit 2, before anything is read or made."""
+def check_output(path: str, *, directory: bool, option: str = "--out") -> None:
+    """An output path that cannot be written: one message, exit 2, before anything is read or made."""
     from jbench.tracking.common import writable_problem
 
     problem = writable_problem(path, directory=directory)
     if problem:
-        raise _fail(f"cannot write {path}: {problem}. Give a writable --out path")
-
-
-_results_option = common_options  # -v and --results-dir, the same on every command (jbench/cli/__init__.py)
+        raise _fail(f"cannot write {path}: {problem}. Give a writable {option} path")
 
 
 def _sample_loader(tracker):
@@ -100,7 +97,7 @@ def _unknown_experiment(tracker, exc: LookupError) -> "click.exceptions.Exit":
 @click.option("--sweep", "sweep_id", default=None, help="One sweep (jbench.sweep_id) instead of the whole experiment.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--no-log", is_flag=True, help="Do not attach the report to the sweep's parent MLflow run.")
-@_results_option
+@common_options
 def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
     """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings."""
     from jbench.reporting.report import build_report
@@ -144,7 +141,7 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
 @click.argument("a")
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_results_option
+@common_options
 def compare(a, b, as_json, results_dir) -> None:
     """Compare A and B (sweep ids, run ids or TAG=VALUE): change per matched configuration with a
     95 % confidence interval and a Mann-Whitney test on the repetition samples."""
@@ -169,7 +166,7 @@ def compare(a, b, as_json, results_dir) -> None:
 @click.option("--baseline", default="last", show_default=True, help="last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the markdown summary here.")
-@_results_option
+@common_options
 def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     """Nightly regression gate: the newest sweep of each configuration against its baseline.
     Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise)); 3 when there is no
@@ -177,6 +174,9 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
     from jbench.analysis.regress import NoData, RegressError, regress as run_regress
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
+    for path, option in ((junit_path, "--junit"), (md_path, "--markdown")):
+        if path:  # before the store is read: a CI job learns of a bad path at once
+            check_output(path, directory=False, option=option)
     tracker = _results_tracker(results_dir)
     try:
         df = with_current_hashes(runs_frame(tracker, [experiment]))
@@ -206,7 +206,7 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
 @click.option("--experiment", "experiments", multiple=True, help="Experiment(s) to export (default: all).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="file.parquet or file.csv")
 @click.option("--all-kinds", is_flag=True, help="Also export sweep (parent) runs.")
-@_results_option
+@common_options
 def export(experiments, out_path, all_kinds, results_dir) -> None:
     """Runs as a table (Parquet or CSV): flattened params, metrics and tags, one row per run."""
     from jbench.reporting.report import export_frame
@@ -320,7 +320,7 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
 @main.command()
 @click.option("--uri", default=None, help="The tracking server (default: $MLFLOW_TRACKING_URI, else the server "
                                           "the spooled runs were meant for).")
-@_results_option
+@common_options
 def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     """Upload the spool (runs measured while the tracking server did not answer) to the server, exactly once."""
     import os
