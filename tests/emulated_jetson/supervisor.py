@@ -208,8 +208,8 @@ class Supervisor:
             self.start_sshd()
 
     def watch_die(self, state: dict, current: list[int]) -> None:
-        """One-shot: the first process started after `die_after_s` was set whose argv matches gets its ssh session
-        killed `die_after_s` seconds later. Processes that already matched when it was armed are ignored (a pid
+        """One-shot: the first process started after `die_after_s` was set whose argv matches, and still runs
+        `die_after_s` seconds later, gets its ssh session killed then. Processes that already matched when it was armed are ignored (a pid
         is re-checked every loop because a session's pid execs from sshd to the shell to the command)."""
         now = time.monotonic()
         if state.get("die_after_s") is not None and not self.die_armed:
@@ -231,6 +231,15 @@ class Supervisor:
                     break
         for item in list(self.die_watch):
             pid, deadline = item
+            if pid not in current and now < deadline:
+                # The command ended before its deadline (a `llama-bench --version` probe): a connection cannot drop
+                # under a command that is gone, so the one-shot waits for the next matching command instead.
+                self.die_watch.remove(item)
+                self.die_armed = True
+                self.known = {p for p in current if S.cmd_matches(S.proc_cmdline(p), self.die_names)}
+                S.update(self.state_dir, fn=lambda s, p=pid: S.add_event(s, "die_rearmed", pid=p))
+                self.log(f"die-after: pid {pid} ended before its deadline; re-armed")
+                continue
             if now >= deadline:
                 self.die_watch.remove(item)
                 chain = self.session_of(pid)
