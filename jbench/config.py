@@ -125,6 +125,10 @@ class EnergyConfig:
     min_window_s: float = nonident(5.0)
     min_samples: int = nonident(5)
     min_coverage: float = nonident(0.9)
+    # Tokens/J of an energy pass are published only when its tok/s is within this fraction of the speed pass's.
+    speed_tolerance: float = nonident(0.05)
+    # Energy passes re-run this many times when their speed does not match, before tokens/J become NaN.
+    speed_match_retries: int = nonident(1)
 
 
 @dataclass

@@ -14,7 +14,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["WindowEnergy", "integrate_trapezoid", "window_energy", "tokens_per_joule", "above_idle_energy"]
+__all__ = ["WindowEnergy", "integrate_trapezoid", "window_energy", "tokens_per_joule", "above_idle_energy",
+           "SpeedMatch", "speed_match", "withhold_per_token_energy"]
 
 OK = "ok"
 
@@ -168,3 +169,52 @@ def above_idle_energy(energy: WindowEnergy, idle_power_w: float) -> float:
     if not energy.ok or math.isnan(idle_power_w):
         return math.nan
     return energy.energy_j - idle_power_w * energy.duration_s
+
+
+@dataclass(frozen=True)
+class SpeedMatch:
+    """How the tok/s of an energy window compares with the speed pass it stands for."""
+
+    speed_tps: float  # the speed pass: tokens / summed repetition time
+    window_tps: float  # the energy window: tokens / window duration
+    difference: float  # |window - speed| / speed (NaN when either rate is not positive)
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.difference <= self.tolerance  # False for NaN: an unknown speed never matches
+
+    @property
+    def reason(self) -> str:
+        return (f"energy window ran at {self.window_tps:.4g} tok/s, the speed pass at {self.speed_tps:.4g} tok/s "
+                f"({100 * self.difference:.1f} % apart, over energy.speed_tolerance={100 * self.tolerance:g} %)")
+
+
+def speed_match(speed_tokens: float, speed_s: float, window_tokens: float, window_s: float,
+                tolerance: float) -> SpeedMatch:
+    """Compare two aggregate rates (tokens over the time that produced them).
+
+    Tokens per joule are only the speed pass's efficiency when the energy was drawn at the speed
+    the speed pass reports; a window that ran slower (a loaded device, a cold cache, a clock that
+    dropped) draws its energy over more time per token and gives another figure altogether.
+    """
+    speed = speed_tokens / speed_s if speed_s > 0 and speed_tokens > 0 else math.nan
+    window = window_tokens / window_s if window_s > 0 and window_tokens > 0 else math.nan
+    diff = abs(window - speed) / speed if speed > 0 and window > 0 else math.nan
+    return SpeedMatch(speed, window, diff, tolerance)
+
+
+# Metric names that divide energy by tokens (or tokens by energy) of a phase's window.
+_PER_TOKEN = ("tokens_per_joule", "joules_per_token", "tokens_per_j")
+
+
+def withhold_per_token_energy(metrics: dict[str, float], phase: str) -> list[str]:
+    """Set every per-token energy figure of `phase` (board, above idle, wall) to NaN; returns their names.
+
+    The window's energy itself stays: it is the true energy of what ran, just not at the reported speed.
+    """
+    names = [k for k in metrics if k.startswith(f"{phase}_") and any(p in k for p in _PER_TOKEN)]
+    for k in names:
+        metrics[k] = math.nan
+    return names
+
