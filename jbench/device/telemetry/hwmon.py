@@ -53,7 +53,8 @@ HWMON_SLOW_MS = 100
 HWMON_READER = r"""
 import glob, json, os, sys, time
 root = sys.argv[1]
-interval, slow_every = float(sys.argv[2]) / 1000.0, float(sys.argv[3]) / 1000.0
+interval = float(sys.argv[2]) / 1000.0
+slow_every = float(sys.argv[3]) / 1000.0 if len(sys.argv) > 3 else 0.1
 J = os.path.join
 def text(path):
     try:
