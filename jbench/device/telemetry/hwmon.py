@@ -146,24 +146,27 @@ for c in sorted(glob.glob(J(root, "devices/system/cpu/cpu[0-9]*/cpufreq/scaling_
 meta = {"rails": rails, "slow": slow, "chips": chips, "interval_ms": interval * 1000, "slow_ms": slow_every * 1000}
 os.write(1, ("@@meta %s\n" % json.dumps(meta)).encode())
 pread = os.pread
+def one(fd):
+    try:
+        return pread(fd, 32, 0).strip() or b"-"
+    except OSError:
+        return b"-"
 def raw(fds):
-    out = []
-    for fd in fds:
-        try:
-            out.append(pread(fd, 32, 0).strip() or b"-")
-        except OSError:
-            out.append(b"-")
-    return out
+    # The common case in one comprehension; a failed or empty read falls back to one file at a time.
+    try:
+        vals = [pread(fd, 32, 0) for fd in fds]
+    except OSError:
+        return [one(fd) for fd in fds]
+    return [v.strip() or b"-" for v in vals]
 buf, last_flush, next_t, next_slow = [], 0.0, time.monotonic(), 0.0
 while True:
-    t = time.time()
     now = time.monotonic()
-    parts = [b"%.6f" % t]
-    parts.extend(raw(fast_fds))
+    parts = [b"%.6f" % time.time()]
+    parts += raw(fast_fds)
     if slow_fds and now >= next_slow:
         next_slow = now + slow_every
         parts.append(b"|")
-        parts.extend(raw(slow_fds))
+        parts += raw(slow_fds)
     buf.append(b" ".join(parts))
     # Batch writes: one syscall per ~100 ms, and the first lines at once so the start is seen quickly.
     if len(buf) >= 16 or now - last_flush >= 0.1 or last_flush == 0.0:
