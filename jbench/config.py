@@ -113,6 +113,8 @@ class TelemetryConfig:
     # auto | tegrastats | jtop | nvml | sysfs | none
     source: str = nonident("auto")
     interval_ms: int = nonident(100)
+    # The sysfs source's hwmon reader (INA3221/INA238) samples at its own, shorter interval (10 ms = 100 Hz).
+    hwmon_interval_ms: int = nonident(10)
     # Idle baseline sampled before the backend starts, and cooldown after it ends.
     idle_s: float = nonident(3.0)
     cooldown_s: float = nonident(2.0)

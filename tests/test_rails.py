@@ -105,21 +105,21 @@ TX1 = ("RAM 1179/3983MB (lfb 120x4MB) IRAM 0/252kB(lfb 252kB) CPU [1%@102,4%@102
 
 # (line, input power mW, rule label, GPU/CPU share in mW) by the documented rule, no profile.
 FAMILIES = {
-    "nano": (NANO, 1750, "input POM_5V_IN", {"gpu": 0, "cpu": 366}),
-    "orin_nano": (ORIN_NANO, 12479, "input VDD_IN", {"cpu_gpu_cv": 4667}),
-    "xavier_nx": (XAVIER_NX, 2763, "input VDD_IN", {"cpu_gpu_cv": 650}),
-    "orin_nx": (ORIN_NX, 5299, "input VDD_IN", {"cpu_gpu_cv": 773}),
+    "nano": (NANO, 1750, "board input POM_5V_IN", {"gpu": 0, "cpu": 366}),
+    "orin_nano": (ORIN_NANO, 12479, "board input VDD_IN", {"cpu_gpu_cv": 4667}),
+    "xavier_nx": (XAVIER_NX, 2763, "board input VDD_IN", {"cpu_gpu_cv": 650}),
+    "orin_nx": (ORIN_NX, 5299, "board input VDD_IN", {"cpu_gpu_cv": 773}),
     "agx_orin_jp5": (AGX_ORIN_JP5, 2399 + 400 + 4032 + 301,
-                     "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO", {"gpu": 2399, "cpu": 400}),
-    "agx_orin_r39": (AGX_ORIN_R39, 2265 + 2643 + 4722, "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0",
+                     "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO", {"gpu": 2399, "cpu": 400}),
+    "agx_orin_r39": (AGX_ORIN_R39, 2265 + 2643 + 4722, "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0",
                      {"gpu": 2265, "cpu": 2643}),
-    "agx_xavier": (AGX_XAVIER, 463 + 618 + 2936 + 0 + 309 + 3306, "sum:agx_xavier GPU+CPU+SOC+CV+VDDRQ+SYS5V",
+    "agx_xavier": (AGX_XAVIER, 463 + 618 + 2936 + 0 + 309 + 3306, "module rails sum (AGX Xavier): GPU+CPU+SOC+CV+VDDRQ+SYS5V",
                    {"gpu": 463, "cpu": 618}),
-    "thor_root": (THOR_ROOT, 4925 + 8710 + 6767, "sum:thor VDD_GPU+VDD_CPU_SOC_MSS+VIN_SYS_5V0",
+    "thor_root": (THOR_ROOT, 4925 + 8710 + 6767, "module rails sum (Thor, no VIN): VDD_GPU+VDD_CPU_SOC_MSS+VIN_SYS_5V0",
                   {"gpu": 4925, "cpu": 8710}),
-    "thor_vin": (THOR_VIN, 87426, "input VIN", {"gpu": 37528, "cpu": 18961}),
-    "tx2": (TX2, 3056, "input VDD_IN", {"gpu": 152, "cpu": 152}),
-    "tx1": (TX1, 2532, "input VDD_IN", {"gpu": 19, "cpu": 76}),
+    "thor_vin": (THOR_VIN, 87426, "board input VIN (INA238)", {"gpu": 37528, "cpu": 18961}),
+    "tx2": (TX2, 3056, "board input VDD_IN", {"gpu": 152, "cpu": 152}),
+    "tx1": (TX1, 2532, "board input VDD_IN", {"gpu": 19, "cpu": 76}),
 }
 
 
@@ -163,16 +163,16 @@ def test_the_combined_rail_is_never_both_gpu_and_cpu():
 
 
 @pytest.mark.parametrize("profile, line, expected_mw, rule", [
-    ("nano", NANO, 1750, "profile POM_5V_IN"),
-    ("orin_nano_8gb", ORIN_NANO, 12479, "profile VDD_IN"),
-    ("orin_nx_16gb", ORIN_NX, 5299, "profile VDD_IN"),
-    ("xavier_nx", XAVIER_NX, 2763, "profile VDD_IN"),
-    ("agx_orin_64gb", AGX_ORIN_JP5, 2399 + 400 + 4032 + 301, "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"),
-    ("agx_orin_32gb", AGX_ORIN_R39, 2265 + 2643 + 4722, "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0"),
-    ("agx_xavier", AGX_XAVIER, 463 + 618 + 2936 + 0 + 309 + 3306, "sum:agx_xavier GPU+CPU+SOC+CV+VDDRQ+SYS5V"),
-    ("thor", THOR_VIN, 87426, "profile VIN"),
+    ("nano", NANO, 1750, "board input POM_5V_IN"),
+    ("orin_nano_8gb", ORIN_NANO, 12479, "board input VDD_IN"),
+    ("orin_nx_16gb", ORIN_NX, 5299, "board input VDD_IN"),
+    ("xavier_nx", XAVIER_NX, 2763, "board input VDD_IN"),
+    ("agx_orin_64gb", AGX_ORIN_JP5, 2399 + 400 + 4032 + 301, "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"),
+    ("agx_orin_32gb", AGX_ORIN_R39, 2265 + 2643 + 4722, "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0"),
+    ("agx_xavier", AGX_XAVIER, 463 + 618 + 2936 + 0 + 309 + 3306, "module rails sum (AGX Xavier): GPU+CPU+SOC+CV+VDDRQ+SYS5V"),
+    ("thor", THOR_VIN, 87426, "board input VIN (INA238)"),
     # The Thor profile asks for VIN; a root R39.2 line does not print it: unknown, not the low rail sum.
-    ("thor", THOR_ROOT, None, "profile VIN"),
+    ("thor", THOR_ROOT, None, "profile power_rails: VIN"),
 ])
 def test_shipped_profiles(profile, line, expected_mw, rule):
     got = input_power(_rails_mw(line), _profile(profile))
@@ -184,7 +184,7 @@ def test_profile_rail_lists_and_what_never_counts():
     assert input_power(rails, {"power_rails": ["VDD_CPU_GPU_CV", "VDD_SOC"]}) == InputPower(
         4667 + 2817, ["VDD_CPU_GPU_CV", "VDD_SOC"], "profile")
     assert input_power(rails, {"power_rails": ["VDD_IN", "NOT_A_RAIL"]}).value is None  # a partial sum would be low
-    assert input_power(rails, {"power_rails": []}).label == "input VDD_IN"  # [] = the documented rule
+    assert input_power(rails, {"power_rails": []}).label == "board input VDD_IN"  # [] = the documented rule
     assert input_power(_rails_mw(AGX_ORIN_JP5), {"power_rails": ["NC"]}).value is None  # placeholders are never rails
     assert input_power({"NC": 0.0, "VDD_GPU_SOC": 1.0}) == InputPower(None, [], "none")
     assert input_power({}) == InputPower(None, [], "none")
@@ -192,7 +192,7 @@ def test_profile_rail_lists_and_what_never_counts():
     partial = {k: v for k, v in _rails_mw(AGX_ORIN_R39).items() if k != "VIN_SYS_5V0"}
     assert input_power(partial).value is None
     # jtop can report a rail without a value: it counts as absent.
-    assert input_power({"VDD_IN": None, "POM_5V_IN": 3.0}).label == "input POM_5V_IN"
+    assert input_power({"VDD_IN": None, "POM_5V_IN": 3.0}).label == "board input POM_5V_IN"
 
 
 def test_tegrastats_sample_fields():
@@ -259,14 +259,14 @@ def test_sysfs_nano_iio(tmp_path):
     s, sampler = _sysfs_samples(tmp_path, _profile("nano"))
     assert _power_keys(s) == {"power_w": pytest.approx(3.5), "gpu_power_w": pytest.approx(0.5),
                               "cpu_power_w": pytest.approx(1.0)}
-    assert sampler.power_field == "profile POM_5V_IN"
+    assert sampler.power_field == "board input POM_5V_IN"
 
 
 def test_sysfs_iio_without_power_files_multiplies_volts_and_amps(tmp_path):
     _iio(tmp_path, "6-0040", [("POM_5V_IN", 5080, 345), ("POM_5V_GPU", 5080, 0), ("POM_5V_CPU", 5080, 72)],
          power_file=False)
     s, sampler = _sysfs_samples(tmp_path)
-    assert s["power_w"] == pytest.approx(5080 * 345 / 1e6) and sampler.power_field == "input POM_5V_IN"
+    assert s["power_w"] == pytest.approx(5080 * 345 / 1e6) and sampler.power_field == "board input POM_5V_IN"
 
 
 @pytest.mark.parametrize("profile", ["xavier_nx", "orin_nano_super", "orin_nx_16gb", None])
@@ -277,7 +277,7 @@ def test_sysfs_vdd_in_modules_hwmon(tmp_path, profile):
     assert _power_keys(s) == {"power_w": pytest.approx(12.0), "cpu_gpu_cv_power_w": pytest.approx(3.0)}
     assert "rail_sum of shunt voltages_w" not in s and set(k for k in s if k.startswith("rail_")) == {
         "rail_VDD_IN_w", "rail_VDD_CPU_GPU_CV_w", "rail_VDD_SOC_w"}
-    assert sampler.power_field == ("profile VDD_IN" if profile else "input VDD_IN")
+    assert sampler.power_field == ("board input VDD_IN" if profile else "board input VDD_IN")
 
 
 @pytest.mark.parametrize("profile", ["agx_orin_64gb", None])
@@ -289,7 +289,7 @@ def test_sysfs_agx_orin_sums_its_rails(tmp_path, profile):
     s, sampler = _sysfs_samples(tmp_path, _profile(profile) if profile else None)
     assert _power_keys(s) == {"power_w": pytest.approx(3.8 + 1.9 + 4.0 + 0.3), "gpu_power_w": pytest.approx(3.8),
                               "cpu_power_w": pytest.approx(1.9)}
-    assert sampler.power_field == "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"
+    assert sampler.power_field == "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"
     assert "rail_NC_w" not in s
 
 
@@ -300,20 +300,23 @@ def test_sysfs_agx_xavier_iio_sums_its_rails(tmp_path, profile):
     s, sampler = _sysfs_samples(tmp_path, _profile(profile) if profile else None)
     assert s["power_w"] == pytest.approx(1.9 + 0.95 + 2.85 + 0 + 0.38 + 3.0)
     assert s["gpu_power_w"] == pytest.approx(1.9) and s["cpu_power_w"] == pytest.approx(0.95)
-    assert sampler.power_field == "sum:agx_xavier GPU+CPU+SOC+CV+VDDRQ+SYS5V"
+    assert sampler.power_field == "module rails sum (AGX Xavier): GPU+CPU+SOC+CV+VDDRQ+SYS5V"
 
 
 def test_sysfs_thor_vin_or_the_rail_sum(tmp_path):
-    # Thor's rail names (the monitor chip's driver on Thor is not established; the layout is the INA3221 one).
+    # Thor: the module rails on an INA3221, VIN on the carrier's INA238 (power1_input in uW, no label).
     rails = [("VDD_GPU", 19000, 500), ("VDD_CPU_SOC_MSS", 19000, 400), ("VIN_SYS_5V0", 5000, 1000)]
-    _hwmon(tmp_path / "vin", "2-0040", "hwmon1", rails + [("VIN", 48000, 500)])
+    _hwmon(tmp_path / "vin", "2-0040", "hwmon1", rails)
+    ina238 = tmp_path / "vin/bus/i2c/drivers/ina238/2-0044/hwmon/hwmon5"
+    ina238.mkdir(parents=True)
+    (ina238 / "power1_input").write_text("24000000\n")
     s, sampler = _sysfs_samples(tmp_path / "vin", _profile("thor"))
     assert _power_keys(s) == {"power_w": pytest.approx(24.0), "gpu_power_w": pytest.approx(9.5),
                               "cpu_power_w": pytest.approx(7.6)}
-    assert sampler.power_field == "profile VIN"
+    assert sampler.power_field == "board input VIN (INA238)"
     _hwmon(tmp_path / "novin", "2-0040", "hwmon1", rails)
     s, sampler = _sysfs_samples(tmp_path / "novin")
-    assert s["power_w"] == pytest.approx(9.5 + 7.6 + 5.0) and sampler.power_field == "sum:thor VDD_GPU+VDD_CPU_SOC_MSS+VIN_SYS_5V0"
+    assert s["power_w"] == pytest.approx(9.5 + 7.6 + 5.0) and sampler.power_field == "module rails sum (Thor, no VIN): VDD_GPU+VDD_CPU_SOC_MSS+VIN_SYS_5V0"
 
 
 # --- jtop ----------------------------------------------------------------------------------------
@@ -361,7 +364,7 @@ def test_jtop_input_rail_moved_to_tot_still_counts(tmp_path, monkeypatch):
     assert len(samples) == 3
     assert _power_keys(samples[0]) == {"power_w": pytest.approx(12.479), "cpu_gpu_cv_power_w": pytest.approx(4.667)}
     assert samples[0]["gpu_load_pct"] == 12.0 and samples[0]["temp_max_c"] == 50.5
-    assert sampler.power_field == "input VDD_IN"
+    assert sampler.power_field == "board input VDD_IN"
 
 
 def test_jtop_thor_uses_vin_not_jtops_sum_of_everything(tmp_path, monkeypatch):
@@ -369,7 +372,7 @@ def test_jtop_thor_uses_vin_not_jtops_sum_of_everything(tmp_path, monkeypatch):
              "VIN": _jtop_rail(87426)}
     power = {"rail": rails, "tot": {"power": 37528 + 18961 + 18331 + 87426}}  # jtop's own total: everything added
     samples, sampler = _jtop_samples(tmp_path, monkeypatch, power)
-    assert samples[0]["power_w"] == pytest.approx(87.426) and sampler.power_field == "input VIN"
+    assert samples[0]["power_w"] == pytest.approx(87.426) and sampler.power_field == "board input VIN (INA238)"
 
 
 def test_jtop_agx_orin_sum_and_profile(tmp_path, monkeypatch):

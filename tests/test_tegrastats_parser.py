@@ -369,7 +369,7 @@ def test_sample_to_dict_flat_keys_and_json():
     orin = sample_to_dict(_sample("tegrastats-agx-orin.txt", "04-24-2023 00:01:24"))
     assert orin["temp_CV0_c"] is None and orin["gpu2_load_pct"] == 0 and "rail_NC_mw" not in orin
     assert orin["total_power_mw"] == 7132
-    assert orin["total_power_rule"] == "sum:agx_orin VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"
-    assert d["total_power_rule"] == "input VDD_IN"
+    assert orin["total_power_rule"] == "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"
+    assert d["total_power_rule"] == "board input VDD_IN"
     tx1 = sample_to_dict(_sample("tegrastats-tx1.txt", "RAM 1104/3995MB"))
     assert tx1["total_power_mw"] is None and tx1["iram_used_kb"] is None

@@ -107,7 +107,7 @@ def test_sysfs_sampler_reads_ina3221_hwmon(tmp_path):
     # The combined CPU+GPU+CV rail is reported once, never as GPU (or CPU) energy.
     assert samples[0]["power_w"] == pytest.approx(12.0) and samples[0]["cpu_gpu_cv_power_w"] == pytest.approx(3.0)
     assert "gpu_power_w" not in samples[0] and "cpu_power_w" not in samples[0]
-    assert sampler.power_field == "input VDD_IN"
+    assert sampler.power_field == "board input VDD_IN"
     assert "rail_NC_w" not in samples[0]
     assert all(b["t"] > a["t"] for a, b in zip(samples, samples[1:]))
 
@@ -118,4 +118,4 @@ def test_sysfs_sampler_without_rails_says_why(tmp_path):
     while sampler.problem is None and time.monotonic() < deadline:
         time.sleep(0.05)
     sampler.stop()
-    assert sampler.samples == [] and "no INA3221 hwmon channels" in sampler.problem
+    assert sampler.samples == [] and "no INA3221/INA238 hwmon channels" in sampler.problem

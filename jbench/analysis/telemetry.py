@@ -63,9 +63,98 @@ def counter_energy(samples: list[dict], t0: float, t1: float) -> Optional[float]
     return at(t1) - at(t0)
 
 
+# Throttling evidence (samples from the sysfs/hwmon source; tegrastats gives temperatures and the GPU clock).
+OC_COUNTERS = ("oc1_event_cnt", "oc2_event_cnt", "oc3_event_cnt")
+CLOCKS = (("gpu_freq_mhz", "gpu"), ("cpu_freq_mhz", "cpu"))
+# A clock that fell more than this within a prefill/decode window is reported (DVFS noise stays below).
+CLOCK_DROP_PCT = 5.0
+
+
+def _counter_delta(samples: list[dict], window: PhaseWindow, key: str) -> Optional[float]:
+    """Events of a cumulative counter during the window: the last reading inside it minus the last reading
+    at or before its start (else the first inside). None with fewer than two readings or after a reset."""
+    pts = sorted((s["t"], float(s[key])) for s in samples if s.get(key) is not None and s.get("t") is not None)
+    before = [v for t, v in pts if t <= window.start]
+    inside = [v for t, v in pts if window.start < t <= window.end]
+    if not inside or (not before and len(inside) < 2):
+        return None
+    first = before[-1] if before else inside[0]
+    delta = inside[-1] - first
+    return delta if delta >= 0 else None  # a counter that went back was reset (reboot): no delta
+
+
+def throttling_metrics(samples: list[dict], windows: list[PhaseWindow]) -> tuple[dict[str, float], dict[str, str]]:
+    """Per window: soctherm over-current events (`<phase>_oc<k>_events`), the hottest zone
+    (`<phase>_temp_max_c`), the lowest and highest GPU/CPU clock and the drop between them
+    (`<phase>_gpu_freq_drop_pct`). A signal the telemetry lacks gives no metric; `throttling.status` says which."""
+    metrics: dict[str, float] = {}
+    have = {key for s in samples for key in s}
+    for w in windows:
+        for key in OC_COUNTERS:
+            if key in have:
+                delta = _counter_delta(samples, w, key)
+                if delta is not None:
+                    metrics[f"{w.phase}_{key[:3]}_events"] = delta
+        temps = _inside(samples, w, "temp_max_c")
+        if temps:
+            metrics[f"{w.phase}_temp_max_c"] = max(temps)
+        for key, name in CLOCKS:
+            freqs = _inside(samples, w, key)
+            if len(freqs) >= 2 and max(freqs) > 0:
+                lo, hi = min(freqs), max(freqs)
+                metrics[f"{w.phase}_{name}_freq_min_mhz"] = lo
+                metrics[f"{w.phase}_{name}_freq_max_mhz"] = hi
+                metrics[f"{w.phase}_{name}_freq_drop_pct"] = 100.0 * (hi - lo) / hi
+    missing = [label for label, present in (
+        ("soctherm_oc counters", any(k in have for k in OC_COUNTERS)),
+        ("temperatures", "temp_max_c" in have),
+        ("GPU clock", "gpu_freq_mhz" in have),
+        ("CPU clock", "cpu_freq_mhz" in have)) if not present]
+    status = "ok" if not missing else "not in this telemetry: " + ", ".join(missing)
+    return metrics, {"throttling.status": status}
+
+
+def throttling_findings(samples: list[dict], windows: list[PhaseWindow]) -> list[Finding]:
+    """`throttling` when an over-current counter moved during any window, or a clock fell more than
+    CLOCK_DROP_PCT during prefill or decode; the evidence holds the per-window figures."""
+    metrics, _ = throttling_metrics(samples, windows)
+    out: list[Finding] = []
+    for w in windows:
+        oc = {k: metrics[f"{w.phase}_{k[:3]}_events"] for k in OC_COUNTERS if metrics.get(f"{w.phase}_{k[:3]}_events")}
+        drops = {name: metrics[f"{w.phase}_{name}_freq_drop_pct"] for _, name in CLOCKS
+                 if w.phase in ("prefill", "decode")
+                 and metrics.get(f"{w.phase}_{name}_freq_drop_pct", 0.0) > CLOCK_DROP_PCT}
+        if not oc and not drops:
+            continue
+        parts = [f"{int(v)} {k[:3].upper()} over-current events" for k, v in oc.items()]
+        parts += [f"{name.upper()} clock fell {metrics[f'{w.phase}_{name}_freq_max_mhz']:.0f} -> "
+                  f"{metrics[f'{w.phase}_{name}_freq_min_mhz']:.0f} MHz ({v:.0f} %)" for name, v in drops.items()]
+        evidence: dict = {"phase": w.phase, "window_s": w.duration, **{f"{k[:3]}_events": v for k, v in oc.items()}}
+        for name in drops:
+            for end in ("min", "max"):
+                evidence[f"{name}_freq_{end}_mhz"] = metrics[f"{w.phase}_{name}_freq_{end}_mhz"]
+        if f"{w.phase}_temp_max_c" in metrics:
+            evidence["temp_max_c"] = metrics[f"{w.phase}_temp_max_c"]
+        hint = (" (OC1 under-voltage, OC2 average, OC3 instantaneous over-current: the power supply or the power "
+                "mode's current limit throttled the clocks)" if oc else "")
+        out.append(Finding("throttling", f"{w.phase}: " + "; ".join(parts) + hint, evidence))
+    return out
+
+
 def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: EnergySettings,
                    sensor_problem: Optional[str] = None) -> tuple[dict[str, float], dict[str, str]]:
-    """Metrics per docs/metrics.md and the energy.* tags that explain them."""
+    """Metrics per docs/metrics.md and the energy.* tags that explain them, with the throttling metrics
+    (`throttling_metrics`) of the same windows."""
+    metrics, tags = _energy_metrics(samples, windows, settings, sensor_problem)
+    if samples:
+        t_metrics, t_tags = throttling_metrics(samples, windows)
+        metrics.update(t_metrics)
+        tags.update(t_tags)
+    return metrics, tags
+
+
+def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: EnergySettings,
+                    sensor_problem: Optional[str]) -> tuple[dict[str, float], dict[str, str]]:
     metrics: dict[str, float] = {}
     statuses: dict[str, str] = {}
     if sensor_problem:
@@ -163,6 +252,7 @@ def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Option
             if first > 0 and last < 0.9 * first and statistics.fmean(loads_last) > 80:
                 out.append(Finding("thermal_throttling", f"GPU clock fell from {first:.0f} to {last:.0f} MHz during "
                                    "decode while load stayed high", {"gpu_freq_first_mhz": first, "gpu_freq_last_mhz": last}))
+    out.extend(throttling_findings(samples, windows))
     swap = [s["swap_used_mb"] for s in samples if s.get("swap_used_mb") is not None]
     if swap and max(swap) - min(swap) > 0:
         out.append(Finding("swap_used", f"swap use changed by {max(swap) - min(swap)} MB during the trial: memory is "

@@ -18,9 +18,11 @@ Input power (`input_power`), first rule that applies:
                    AGX Orin has no VDD_IN; its VIN_SYS_5V0 is one of the module's rails, not an input.
      - Thor:       VDD_GPU + VDD_CPU_SOC_MSS + VIN_SYS_5V0. Caveat: well below `VIN` (a public Thor line
                    with both shows 74820 mW summed against 87426 mW VIN), so prefer a source with `VIN`.
-   All required rails of a set must be present.
+   All required rails of a set must be present. The label says "module rails sum (<module>)", never
+   "board input": it is the module's own rails, not what the carrier draws.
 4. Otherwise (no rails, or an unknown rail set): None, never 0.
-`NC` placeholder channels (unconnected INA3221 inputs) are never used.
+`NC` placeholder channels (unconnected INA3221 inputs) and the INA3221 sum channel are never rails.
+A profile list that picks exactly what the documented rule picks is reported as that rule.
 
 GPU/CPU share (`component_rails`): the profile's `gpu_rail` / `cpu_rail`, else the module's usual
 rail (`GPU_RAILS`, `CPU_RAILS`). A rail that feeds both CPU and GPU (`VDD_CPU_GPU_CV` on Xavier NX,
@@ -43,6 +45,8 @@ __all__ = [
     "GPU_RAILS",
     "INPUT_RAILS",
     "SUMMED_RAIL_SETS",
+    "INPUT_WHERE",
+    "MODULE_NAMES",
     "InputPower",
     "component_power",
     "component_rails",
@@ -72,6 +76,12 @@ COMBINED = "cpu_gpu_cv"
 _PLACEHOLDER = "NC"
 
 
+# How a summed total is named: a module total, never "board input" (these modules expose no input rail).
+MODULE_NAMES: dict[str, str] = {"agx_xavier": "AGX Xavier", "agx_orin": "AGX Orin", "thor": "Thor, no VIN"}
+# Where an input rail sits, for the label (Thor's VIN is the carrier's INA238, the others an INA3221 channel).
+INPUT_WHERE: dict[str, str] = {"VIN": " (INA238)"}
+
+
 class InputPower(NamedTuple):
     """Board input power, the rails it was taken from, and the rule that chose them."""
 
@@ -81,10 +91,17 @@ class InputPower(NamedTuple):
 
     @property
     def label(self) -> str:
-        """One line naming the rule and its rails, e.g. `input VDD_IN`, `sum:agx_orin VDD_GPU_SOC+...`."""
-        if not self.rails:
-            return self.rule
-        return f"{self.rule} {'+'.join(self.rails)}"
+        """The rule in words with its rails: `board input VDD_IN`, `board input VIN (INA238)`,
+        `module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0`, `profile power_rails: A+B`, `none`."""
+        joined = "+".join(self.rails)
+        if self.rule == "input":
+            return f"board input {joined}{INPUT_WHERE.get(joined, '')}"
+        if self.rule.startswith("sum:"):
+            module = self.rule[4:]
+            return f"module rails sum ({MODULE_NAMES.get(module, module)}): {joined}"
+        if self.rule == "profile":
+            return f"profile power_rails: {joined}"
+        return self.rule
 
 
 def _present(rails: Mapping[str, Optional[float]]) -> dict[str, float]:
@@ -110,7 +127,14 @@ def input_power(rails: Mapping[str, Optional[float]], profile: Optional[Mapping[
     if spec:
         if any(name not in have for name in spec):
             return InputPower(None, spec, "profile")
+        documented = _documented(have)
+        if documented.rails == spec:  # the profile agrees with the rule: say which rule it is
+            return documented
         return InputPower(float(sum(have[name] for name in spec)), spec, "profile")
+    return _documented(have)
+
+
+def _documented(have: Mapping[str, float]) -> InputPower:
     for name in INPUT_RAILS:
         if name in have:
             return InputPower(have[name], [name], "input")

@@ -7,7 +7,7 @@ that feeds both, `cpu_gpu_cv_power_w` alone; rules in rails.py), `gpu_load_pct`,
 `emc_load_pct`, `emc_freq_mhz`, `temp_max_c`, `ram_used_mb`, `swap_used_mb`, `cpu_load_pct`, and for
 NVML `energy_j` (the GPU's own energy counter).
 
-Sources (telemetry.source): tegrastats, sysfs (INA3221 hwmon or iio), jtop (the user's own jetson-stats
+Sources (telemetry.source): tegrastats, sysfs (INA3221/INA238 hwmon or iio, hwmon.py), jtop (the user's own jetson-stats
 install through its service), nvml (discrete NVIDIA GPUs on the local device), none; auto picks the
 first that works and records which. A sampler that cannot start says why in `problem`; it never
 produces zeros in place of a missing signal.
@@ -115,6 +115,15 @@ class Sampler(ABC):
     def latest_time(self) -> Optional[float]:
         return self.samples[-1]["t"] if self.samples else None
 
+    def telemetry_tags(self) -> dict[str, str]:
+        """telemetry.* tags that explain this sampler's numbers: the input-power rule and its rails
+        (`telemetry.power_rule`, `telemetry.power_rails`), and what a source adds (sensor settings)."""
+        rules = getattr(self, "_power_rules", ())
+        if not rules:
+            return {}
+        return {"telemetry.power_rule": "; ".join(label for label, _ in rules),
+                "telemetry.power_rails": "; ".join(dict.fromkeys(rails for _, rails in rules))}
+
 
 class NoSampler(Sampler):
     source = "none"
@@ -201,7 +210,7 @@ class StreamSampler(Sampler):
         if self._stream is not None:
             self._stream.close()
 
-    _power_rules: tuple[str, ...] = ()
+    _power_rules: tuple[tuple[str, str], ...] = ()  # (rule label, "+"-joined rails), in order of first use
     power_field: Optional[str] = None
 
     def _device_json(self, fail_prefix: str):
@@ -227,10 +236,15 @@ class StreamSampler(Sampler):
             yield t, data
 
     def _note_power(self, total: InputPower) -> None:
-        """Which input-power rule and rails gave `power_w` (logged as the tag telemetry.power_field)."""
-        if total.label not in self._power_rules:
-            self._power_rules = (*self._power_rules, total.label)
-            self.power_field = "; ".join(self._power_rules)
+        """Which input-power rule and rails gave `power_w` (tags telemetry.power_rule / power_rails; the
+        older tag telemetry.power_field is the rule too)."""
+        if total.value is not None:
+            entry = (total.label, "+".join(total.rails))
+        else:  # say that there was no total, and which rule came up short
+            entry = (f"no input power ({total.label} incomplete)" if total.rails else "no input power", "none")
+        if entry not in self._power_rules:
+            self._power_rules = (*self._power_rules, entry)
+            self.power_field = "; ".join(label for label, _ in self._power_rules)
 
 
 class TegrastatsSampler(StreamSampler):
@@ -250,75 +264,16 @@ class TegrastatsSampler(StreamSampler):
 
 
 # --------------------------------------------------------------------------------------------
-# sysfs INA3221 (hwmon), read by a small constant Python program on the device
-
-SYSFS_READER = r"""
-import glob, json, os, sys, time
-root, interval = sys.argv[1], float(sys.argv[2]) / 1000.0
-def text(path):
-    with open(path) as f:
-        return f.read().strip()
-chans = []  # (rail name, divisor to W, files whose integer values multiply to the reading)
-# JetPack >= 5, hwmon: in<k>_label, in<k>_input (bus mV), curr<k>_input (mA); skip NC and the sum channel.
-for d in sorted(glob.glob(os.path.join(root, "bus/i2c/drivers/ina3221/*/hwmon/hwmon*"))):
-    for lab in sorted(glob.glob(os.path.join(d, "in*_label"))):
-        k = os.path.basename(lab)[2:-6]
-        name = text(lab)
-        if not k.isdigit() or "NC" in name or "sum" in name.lower():
-            continue
-        v, c = os.path.join(d, "in%s_input" % k), os.path.join(d, "curr%s_input" % k)
-        if os.path.exists(v) and os.path.exists(c):
-            chans.append((name, 1e6, (v, c)))
-# JetPack <= 4, iio: rail_name_<k>, in_power<k>_input (mW), else in_voltage<k>_input (mV) x in_current<k>_input (mA).
-for d in sorted(glob.glob(os.path.join(root, "bus/i2c/drivers/ina3221x/*/iio:device*"))):
-    for lab in sorted(glob.glob(os.path.join(d, "rail_name_*"))):
-        k = lab.rsplit("_", 1)[1]
-        name = text(lab)
-        if not k.isdigit() or "NC" in name:
-            continue
-        p = os.path.join(d, "in_power%s_input" % k)
-        v, c = os.path.join(d, "in_voltage%s_input" % k), os.path.join(d, "in_current%s_input" % k)
-        if os.path.exists(p):
-            chans.append((name, 1e3, (p,)))
-        elif os.path.exists(v) and os.path.exists(c):
-            chans.append((name, 1e6, (v, c)))
-if not chans:
-    print("NO_RAILS no INA3221 hwmon channels (nor iio rail_name_* files) under " + root, flush=True)
-    sys.exit(3)
-while True:
-    t = time.time()
-    rails = {}
-    for name, divisor, files in chans:
-        try:
-            value = 1
-            for path in files:
-                value *= int(text(path))
-            rails[name] = value / divisor
-        except (OSError, ValueError):
-            pass
-    print("%.6f %s" % (t, json.dumps(rails)), flush=True)
-    time.sleep(max(0.0, interval - (time.time() - t)))
-"""
+# sysfs INA3221 / INA238 hwmon: jbench/device/telemetry/hwmon.py (SysfsSampler, HWMON_READER), re-exported here.
 
 
-class SysfsSampler(StreamSampler):
-    """INA3221 rails from sysfs (hwmon on JetPack >= 5, iio on JetPack <= 4); watts = bus mV x mA / 1e6
-    (iio: the driver's in_power mW / 1e3). Board and GPU/CPU power by the rules of telemetry/rails.py."""
+def __getattr__(name: str):
+    # Lazy, because hwmon.py builds on StreamSampler from this module.
+    if name in ("SysfsSampler", "SYSFS_READER", "HWMON_READER"):
+        from jbench.device.telemetry import hwmon
 
-    source = "sysfs"
-
-    def __init__(self, conn: Connection, interval_ms: int = 50, *, rails_spec=None, gpu_rail=None, cpu_rail=None,
-                 sysfs_root: str = "/sys"):
-        super().__init__(conn, ["python3", "-c", SYSFS_READER, sysfs_root, str(int(interval_ms))])
-        self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
-
-    def _run(self) -> None:
-        for t, rails in self._device_json("NO_RAILS "):
-            power, total = power_fields(rails, _rail_profile(self.rails_spec, self.gpu_rail, self.cpu_rail))
-            self._note_power(total)
-            self.samples.append({"t": t, **power, **{f"rail_{k}_w": v for k, v in rails.items()}})
-        if not self.samples and not self._stop.is_set():
-            self.problem = self.problem or f"sysfs reader produced no samples (last output: {self.last_skipped!r})"
+        return getattr(hwmon, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
