@@ -319,6 +319,14 @@ class EmulatedJetson:
         _running.append(self)
         try:
             self.wait_until_up(timeout)
+            if self.jtop_venv:  # a real device's jtop.service is up before anyone logs in: wait for its socket
+                sock = Path(self.tree.p("/run/jtop.sock"))
+                deadline = time.monotonic() + max(timeout, 30.0)
+                while not sock.exists():
+                    if time.monotonic() > deadline:
+                        raise EmulatorError(f"{self!r}: the jtop service did not open /run/jtop.sock; its log:\n"
+                                            + self._tail(self.ctl_dir / "service-jtop.log"))
+                    time.sleep(0.1)
         except EmulatorError as exc:
             raise EmulatorError(f"{exc}\n--- sshd log ---\n{self._tail(self.sshd_log_path)}"
                                 f"\n--- supervisor log ---\n{self._tail(self.supervisor_log_path)}") from None
