@@ -35,23 +35,29 @@ try:
             if tot.get("name"):  # jtop moves the input rail (VIN, POM_5V_IN, VDD_IN) out of 'rail' into 'tot'
                 rails[tot["name"]] = num(tot.get("power"))
             out = {"rails_mw": rails}
-            gpus = j.gpu or {}
+            gpus = getattr(j, "gpu", None) or {}
             if gpus:
                 g = list(gpus.values())[0]
                 st, fr = g.get("status") or {}, g.get("freq") or {}
                 out.update(gpu_load=num(st.get("load")), gpu_cur_khz=num(fr.get("cur")), gpu_governor=fr.get("governor"),
                            gpu_3d_scaling=st.get("3d_scaling"), gpu_railgate=st.get("railgate"))
-            emc = (j.memory or {}).get("EMC") or {}
+            emc = (getattr(j, "memory", None) or {}).get("EMC") or {}
             out["emc_cur_khz"] = num(emc.get("cur"))
-            out["temps"] = {k: num(v.get("temp")) for k, v in (j.temperature or {}).items() if v.get("online")}
-            fans = j.fan or {}
+            temps = getattr(j, "temperature", None)
+            if temps is not None:
+                out["temps"] = {k: num(v.get("temp")) for k, v in temps.items() if v.get("online")}
+            else:  # older clients: the flat stats' 'Temp <name>' entries
+                out["temps"] = {k: num(v) for k, v in (j.stats or {}).items() if k.startswith("Temp")}
+            if "gpu_load" not in out:
+                out["gpu_load"] = num((j.stats or {}).get("GPU"))
+            fans = getattr(j, "fan", None) or {}
             for name, f in fans.items():
                 speed, rpm = f.get("speed") or [], f.get("rpm") or []
                 out.update(fan_speed=num(speed[0]) if speed else None, fan_rpm=num(rpm[0]) if rpm else None)
                 break
-            nvp = j.nvpmodel
+            nvp = getattr(j, "nvpmodel", None)
             out["nvpmodel"] = str(nvp.name) if nvp is not None else None
-            jc = j.jetson_clocks
+            jc = getattr(j, "jetson_clocks", None)
             out["jetson_clocks"] = bool(jc) if jc is not None else None
             print("%.6f %s" % (time.time(), json.dumps(out, default=str)), flush=True)
 except Exception as e:
