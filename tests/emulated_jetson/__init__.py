@@ -36,7 +36,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import emu_profiles, emu_state
 
-__all__ = ["EmulatedJetson", "EmulatorError", "MODULES", "PRODUCT_PROFILES", "next_loopback_address"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # emu_sysfs imports its siblings as top-level modules
+import emu_sysfs  # noqa: E402
+
+__all__ = ["EmulatedJetson", "EmulatorError", "MODULES", "PRODUCT_PROFILES", "jtop_venv", "next_loopback_address"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BIN_DIR = PACKAGE_DIR / "bin"
@@ -174,18 +177,31 @@ class EmulatedJetson:
         self.host_key_fingerprint = ""
         self._supervisor: Optional[subprocess.Popen] = None
         self._stopped = False
+        self.real_paths = False
+        self.jtop_venv: Optional[Path] = None
+        self.tree: "Optional[emu_sysfs.Tree]" = None
 
     # ------------------------------------------------------------------------------------------ start
     @classmethod
     def start(cls, module: str = "orin_nano", base_dir: Optional[os.PathLike] = None, *, host: Optional[str] = None,
               reboot_delay_s: float = 3.0, reboot_grace_s: float = 0.5, sudo_password: Optional[str] = None,
               nvpmodel_mode: Optional[int] = None, clocks_locked: bool = False, login_is_root: bool = False,
-              sudo_timestamp_timeout_s: float = 900.0, start_timeout_s: float = 15.0) -> "EmulatedJetson":
-        """Create the device's files, start its supervisor+sshd and wait (bounded) until sshd accepts connections."""
+              sudo_timestamp_timeout_s: float = 900.0, start_timeout_s: float = 15.0, real_paths: bool = False,
+              jtop: bool = False) -> "EmulatedJetson":
+        """Create the device's files, start its supervisor+sshd and wait (bounded) until sshd accepts connections.
+
+        real_paths=True: the device's files at their real paths (/sys, /run, /etc, ...) in the mount namespace of its
+        sshd (root only: EmulatorError otherwise). jtop=True (implies real_paths): the real jetson-stats service runs
+        in it (`jtop_venv()`), and the login PATH's python3 is that venv's interpreter."""
+        if jtop:
+            real_paths = True
+        if real_paths and os.geteuid() != 0:
+            raise EmulatorError("real_paths needs root (mount namespaces and bind mounts)")
         owns = base_dir is None
         base = Path(tempfile.mkdtemp(prefix=f"emu-{module}-")) if owns else Path(base_dir)
         host = host or next_loopback_address()
         emu = cls(module, base, host, _free_port(host), owns)
+        emu.real_paths, emu.jtop_venv = real_paths, (jtop_venv() if jtop else None)
         try:
             emu._prepare(reboot_delay_s=reboot_delay_s, reboot_grace_s=reboot_grace_s, sudo_password=sudo_password,
                          nvpmodel_mode=nvpmodel_mode, clocks_locked=clocks_locked, login_is_root=login_is_root,
@@ -202,7 +218,12 @@ class EmulatedJetson:
             path.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-        os.symlink(_python3_for_tools(), self.pybin_dir / "python3")
+        if self.jtop_venv:  # the login PATH's python3 is the jtop venv's (a link would not find its pyvenv.cfg)
+            wrapper = self.pybin_dir / "python3"
+            wrapper.write_text(f'#!/bin/sh\nexec "{self.jtop_venv}/bin/python3" "$@"\n')
+            wrapper.chmod(0o755)
+        else:
+            os.symlink(_python3_for_tools(), self.pybin_dir / "python3")
         _keygen(self.host_key_path, f"emulated-{self.module}-host")
         _keygen(self.key_path, f"emulated-{self.module}-client")
         self.host_public_key = " ".join(Path(f"{self.host_key_path}.pub").read_text().split()[:2])
@@ -260,6 +281,15 @@ class EmulatedJetson:
         emu_state.normalize(state)
         emu_state.write_text_atomic(str(self.state_dir / emu_state.STATE_FILE), json.dumps(state, indent=1) + "\n")
         self.gpu_railgate_path.write_text(f"{state['gpu_railgate_enable']}\n")
+        if self.real_paths:
+            self.tree = emu_sysfs.Tree(str(self.base_dir), prof)
+            if self.jtop_venv:
+                self.tree.base_prefix = subprocess.run(
+                    [str(self.jtop_venv / "bin" / "python3"), "-c", "import sys; print(sys.base_prefix)"],
+                    capture_output=True, text=True, check=True).stdout.strip()
+            self.tree.build()
+            self.tree.link_tool("jetson_clocks", str(BIN_DIR / "jetson_clocks"))
+            (self.ctl_dir / "mounts.json").write_text(json.dumps(self.tree.mounts(), indent=1) + "\n")
         check = subprocess.run([SSHD, "-t", "-f", str(self.sshd_config_path)], capture_output=True, text=True)
         if check.returncode != 0:
             raise EmulatorError(f"sshd rejected the emulated device's config: {check.stderr.strip()}")
@@ -268,6 +298,18 @@ class EmulatedJetson:
         cfg = {"state_dir": str(self.state_dir), "ctl_dir": str(self.ctl_dir), "host": self.host, "port": self.port,
                "sshd_log": str(self.sshd_log_path),
                "sshd_cmd": [SSHD, "-D", "-e", "-f", str(self.sshd_config_path)]}
+        if self.real_paths:
+            # sshd in its own mount namespace where emu_ns.py mounted the device's files at the real paths
+            cfg["sshd_cmd"] = ["unshare", "--mount", "--propagation", "private", "--", _python3_for_tools(),
+                               str(PACKAGE_DIR / "emu_ns.py"), str(self.ctl_dir / "mounts.json"), "--",
+                               *cfg["sshd_cmd"]]
+            services = [[str(self.jtop_venv / "bin" / "jtop"), "--force"]] if self.jtop_venv else []
+            cfg["real_paths"] = {
+                "base_dir": str(self.base_dir), "module": self.module, "services": services,
+                # jtop.service: Environment="JTOP_SERVICE=True", as root; the fake tools need the device's state
+                "service_env": {"PATH": self.path_env, "HOME": str(self.root_home), "JTOP_SERVICE": "True",
+                                emu_state.STATE_ENV: str(self.state_dir), emu_state.ROOT_ENV: "1",
+                                emu_state.SERVICE_ENV: "1", "LANG": "C.UTF-8"}}
         cfg_path = self.ctl_dir / "supervisor.json"
         cfg_path.write_text(json.dumps(cfg, indent=1) + "\n")
         with open(self.ctl_dir / "supervisor.out", "ab") as out:
@@ -277,6 +319,14 @@ class EmulatedJetson:
         _running.append(self)
         try:
             self.wait_until_up(timeout)
+            if self.jtop_venv:  # a real device's jtop.service is up before anyone logs in: wait for its socket
+                sock = Path(self.tree.p("/run/jtop.sock"))
+                deadline = time.monotonic() + max(timeout, 30.0)
+                while not sock.exists():
+                    if time.monotonic() > deadline:
+                        raise EmulatorError(f"{self!r}: the jtop service did not open /run/jtop.sock; its log:\n"
+                                            + self._tail(self.ctl_dir / "service-jtop.log"))
+                    time.sleep(0.1)
         except EmulatorError as exc:
             raise EmulatorError(f"{exc}\n--- sshd log ---\n{self._tail(self.sshd_log_path)}"
                                 f"\n--- supervisor log ---\n{self._tail(self.supervisor_log_path)}") from None
@@ -586,6 +636,28 @@ class EmulatedJetson:
                       "boot_id": str(self.boot_id_path),
                       "gpu_railgate": str(self.gpu_railgate_path)},
         }
+
+
+JTOP_VERSION = "7.2.2"  # jetson-stats from PyPI (AGPL-3.0): a test-only install, never a jbench dependency
+JTOP_VENV = Path(os.environ.get("JBENCH_TEST_CACHE", Path.home() / ".cache" / "jbench-test")) / f"jtop-{JTOP_VERSION}"
+
+
+def jtop_venv() -> Path:
+    """A venv with jetson-stats, made once and cached (JBENCH_TEST_CACHE, default ~/.cache/jbench-test). The wheel
+    only (--only-binary): its sdist's setup.py installs a systemd unit and a group when built as root."""
+    ready = JTOP_VENV / ".ready"
+    if ready.exists():
+        return JTOP_VENV
+    JTOP_VENV.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _run([sys.executable, "-m", "venv", "--clear", str(JTOP_VENV)])
+        _run([str(JTOP_VENV / "bin" / "pip"), "install", "-q", "--only-binary", ":all:",
+              f"jetson-stats=={JTOP_VERSION}"], timeout=600)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        out = getattr(exc, "stderr", "") or ""
+        raise EmulatorError(f"cannot install jetson-stats {JTOP_VERSION} for the emulated jtop service: {out[-500:]}")
+    ready.write_text(JTOP_VERSION + "\n")
+    return JTOP_VENV
 
 
 def _current_user() -> str:

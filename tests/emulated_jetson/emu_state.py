@@ -32,6 +32,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 STATE_ENV = "JETSON_EMU_STATE"  # set in every ssh session (authorized_keys environment= option)
 ROOT_ENV = "JETSON_EMU_ROOT"  # set to "1" by the fake sudo: the tools then act as root
+# set to "1" in the environment of the device's system services (the jtop service of a real_paths device) and so of
+# the tools they run: those are not started by an ssh session and are not listed as the sessions' processes
+SERVICE_ENV = "JETSON_EMU_SERVICE"
 
 STATE_FILE = "state.json"
 RAILGATE_FILE = "gpu_railgate_enable"
@@ -315,6 +318,6 @@ def processes_of_device(state_dir: str, names: Optional[List[str]]) -> List[int]
         argv = proc_cmdline(pid)
         if not argv or (names is not None and not cmd_matches(argv, names)):
             continue
-        if proc_env_value(pid, STATE_ENV) == state_dir:
+        if proc_env_value(pid, STATE_ENV) == state_dir and proc_env_value(pid, SERVICE_ENV) != "1":
             found.append(pid)
     return found

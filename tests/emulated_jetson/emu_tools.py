@@ -723,16 +723,41 @@ class Sampler:
         return out
 
 
+def rail_mw(prof: Dict[str, Any], v: Dict[str, Any]) -> Dict[str, float]:
+    """Nominal power (mW) of each rail the module monitors, from one Sampler.sample() `v`: the one model behind the
+    fake tegrastats' rails and the emulated INA3221/INA238 hwmon files (emu_sysfs.py), so both tell the same story.
+    emulator assumption: the coefficients (rails rise several W at high GPU load and with jetson_clocks); idle levels
+    are those of the captures quoted at each tegrastats line below."""
+    kind = prof["tegrastats"]
+    if kind in ("orin_jp6", "orin_r39"):
+        gpu_f = v["gpu_mhz"] / 918.0
+        cgc = 480 + 22 * v["cpu_avg"] + 68 * v["gpu"] * gpu_f + (250 if v["locked"] else 0)
+        soc = (1350 if kind == "orin_jp6" else 1127) + 20 * v["gpu"] + 3 * v["emc_load"] + (150 if v["locked"] else 0)
+        return {"VDD_IN": (cgc + soc) * 1.25 + (2450 if kind == "orin_jp6" else 2050), "VDD_CPU_GPU_CV": cgc,
+                "VDD_SOC": soc}
+    if kind == "agx_orin_jp5":
+        gpu_f = v["gpu_mhz"] / 1300.0
+        return {"VDD_GPU_SOC": 2300 + 250 * v["gpu"] * gpu_f + (400 if v["locked"] else 0),
+                "VDD_CPU_CV": 390 + 45 * v["cpu_avg"],
+                "VIN_SYS_5V0": 4000 + 9 * v["gpu"] + 5 * v["cpu_avg"],
+                "VDDQ_VDD2_1V8AO": 300 + 5 * v["gpu"] + 2 * v["emc_load"]}
+    if kind == "thor_r38":
+        gpu_f = v["gpu_mhz"] / 1575.0
+        vdd_gpu = 1950 + 355 * v["gpu"] * gpu_f + (600 if v["locked"] else 0)
+        cpu_soc = 5500 + 85 * v["cpu_avg"] + 30 * v["gpu"]
+        vin_sys = 5600 + 120 * v["gpu"]
+        return {"VDD_GPU": vdd_gpu, "VDD_CPU_SOC_MSS": cpu_soc, "VIN_SYS_5V0": vin_sys,
+                "VIN": (vdd_gpu + cpu_soc + vin_sys) * 1.15 + 4000}
+    raise KeyError(kind)
+
+
 def _cpu_list(cpus: List[Optional[tuple]]) -> str:
     return ",".join("off" if c is None else f"{c[0]}%@{c[1]}" for c in cpus)
 
 
 def _line_orin_jp6(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
     prof, h = s.prof, v["heat"]
-    gpu_f = v["gpu_mhz"] / 918.0
-    cgc = 480 + 22 * v["cpu_avg"] + 68 * v["gpu"] * gpu_f + (250 if v["locked"] else 0)
-    soc = 1350 + 20 * v["gpu"] + 3 * v["emc_load"] + (150 if v["locked"] else 0)
-    rails = s.rails({"VDD_IN": (cgc + soc) * 1.25 + 2450, "VDD_CPU_GPU_CV": cgc, "VDD_SOC": soc})
+    rails = s.rails(rail_mw(prof, v))
     t = {"cpu": 50.0 + h, "soc2": 49.0 + h * 0.9, "soc0": 50.0 + h * 0.8, "gpu": 49.0 + h * 1.1, "soc1": 50.2 + h * 0.85}
     tj = max(t.values())
     temps = (f"cpu@{_fmt_temp(t['cpu'])}C soc2@{_fmt_temp(t['soc2'])}C soc0@{_fmt_temp(t['soc0'])}C "
@@ -752,10 +777,7 @@ def _line_orin_jp6(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
 
 def _line_orin_r39(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
     prof, h = s.prof, v["heat"]
-    gpu_f = v["gpu_mhz"] / 918.0
-    cgc = 480 + 22 * v["cpu_avg"] + 68 * v["gpu"] * gpu_f + (250 if v["locked"] else 0)
-    soc = 1127 + 20 * v["gpu"] + 3 * v["emc_load"] + (150 if v["locked"] else 0)
-    two = s.rails({"VDD_IN": (cgc + soc) * 1.25 + 2050, "VDD_CPU_GPU_CV": cgc, "VDD_SOC": soc})
+    two = s.rails(rail_mw(prof, v))
     maxes = s.__dict__.setdefault("maxes", {})
     rails = {}
     for name, text in two.items():  # R39: cur/avg/max
@@ -796,14 +818,8 @@ def _line_agx_orin_jp5(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> st
         #   engines, no rails):
         # 01-03-2023 16:10:22 RAM 2257/30536MB (lfb 5392x4MB) SWAP 0/15268MB (cached 0MB) CPU [...] EMC_FREQ 0% GR3D_FREQ $RAND_GPU% CV0@-256C CPU@41.375C Tboard@29C SOC2@39C Tdiode@30.75C SOC0@38.906C CV1@-256C GPU@-256C tj@41.468C SOC1@38.843C CV2@-256C
         return f"{head} EMC_FREQ {v['emc_load']}% GR3D_FREQ {v['gpu']}% {temps}"
-    gpu_f = v["gpu_mhz"] / 1300.0
     gpc = v["gpu_mhz"] if (v["locked"] or v["gpu"] > 0) else 0
-    rails = s.rails({
-        "VDD_GPU_SOC": 2300 + 250 * v["gpu"] * gpu_f + (400 if v["locked"] else 0),
-        "VDD_CPU_CV": 390 + 45 * v["cpu_avg"],
-        "VIN_SYS_5V0": 4000 + 9 * v["gpu"] + 5 * v["cpu_avg"],
-        "VDDQ_VDD2_1V8AO": 300 + 5 * v["gpu"] + 2 * v["emc_load"],
-    })
+    rails = s.rails(rail_mw(prof, v))
     # source: tegrastats-agx-orin.txt, GDWR/jetson_exporter pkg/tegrastats/parse_cpus_test.go (AGX Orin 64GB, JP5.1+, root):
     # 04-11-2025 10:36:27 RAM 4321/62801MB (lfb 1759x4MB) SWAP 19/31400MB (cached 0MB) CPU [0%@729,...] EMC_FREQ 0%@2133 GR3D_FREQ 0%@[0,0] VIC_FREQ 729 APE 174 CV0@-256C CPU@44.562C Tboard@32C SOC2@40.093C Tdiode@33C SOC0@41.093C CV1@-256C GPU@-256C tj@44.343C SOC1@41.25C CV2@-256C VDD_GPU_SOC 2340mW/2340mW VDD_CPU_CV 390mW/390mW VIN_SYS_5V0 4025mW/4025mW NC 0mW/0mW VDDQ_VDD2_1V8AO 301mW/301mW NC 0mW/0mW
     return (f"{head} EMC_FREQ {v['emc_load']}%@{v['emc_mhz']} GR3D_FREQ {v['gpu']}%@[{gpc},{gpc}] VIC_FREQ 729 APE 174 "
@@ -814,12 +830,7 @@ def _line_agx_orin_jp5(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> st
 def _line_thor_r38(s: Sampler, v: Dict[str, Any], root: bool, ts: str) -> str:
     prof, h = s.prof, v["heat"]
     gpc = v["gpu_mhz"]
-    gpu_f = gpc / 1575.0
-    vdd_gpu = 1950 + 355 * v["gpu"] * gpu_f + (600 if v["locked"] else 0)
-    cpu_soc = 5500 + 85 * v["cpu_avg"] + 30 * v["gpu"]
-    vin_sys = 5600 + 120 * v["gpu"]
-    rails = s.rails({"VDD_GPU": vdd_gpu, "VDD_CPU_SOC_MSS": cpu_soc, "VIN_SYS_5V0": vin_sys,
-                     "VIN": (vdd_gpu + cpu_soc + vin_sys) * 1.15 + 4000})
+    rails = s.rails(rail_mw(prof, v))
     t = {"cpu": 37.3 + h, "tj": 38.9 + h * 1.05, "soc012": 37.5 + h * 0.8, "gpu": 38.9 + h * 1.05, "soc345": 37.4 + h * 0.8}
     temps = (f"cpu@{_fmt_temp(t['cpu'])}C tj@{_fmt_temp(t['tj'])}C soc012@{_fmt_temp(t['soc012'])}C "
              f"gpu@{_fmt_temp(t['gpu'])}C soc345@{_fmt_temp(t['soc345'])}C")

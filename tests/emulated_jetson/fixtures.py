@@ -15,6 +15,7 @@ sudo_timestamp_timeout_s (900), host (next 127.0.0.N), start_timeout_s (15).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterator, List
 
 import pytest
@@ -26,6 +27,8 @@ Factory = Callable[..., EmulatedJetson]
 
 def _make_factory(tmp_path_factory: pytest.TempPathFactory, started: List[EmulatedJetson]) -> Factory:
     def make(module: str = "orin_nano", **options: Any) -> EmulatedJetson:
+        if (options.get("real_paths") or options.get("jtop")) and os.geteuid() != 0:
+            pytest.skip("real_paths/jtop emulated Jetsons need root (a mount namespace with bind mounts over /sys)")
         base = tmp_path_factory.mktemp(f"emu-{module}", numbered=True)
         emu = EmulatedJetson.start(module, base_dir=base, **options)
         started.append(emu)

@@ -53,6 +53,19 @@ class Supervisor:
         self.die_watch: list[tuple[int, float]] = []
         self.status_cache = None
         self.log_fh = open(os.path.join(self.ctl_dir, "supervisor.log"), "a", buffering=1)
+        # real_paths devices: the emulated files at their real paths (emu_sysfs.py), rewritten every
+        # update_interval, and the system services started in sshd's mount namespace (the jtop service)
+        self.real = cfg.get("real_paths")
+        self.tree = None
+        self.services: list[subprocess.Popen] = []
+        self.next_refresh = 0.0
+        if self.real:
+            import emu_profiles
+            import emu_sysfs
+
+            self.tree = emu_sysfs.Tree(self.real["base_dir"], emu_profiles.profile(self.real["module"]))
+            self.tree.build()  # idempotent: the fixture built it; this learns the layout
+            self.tree.refresh(S.load(self.state_dir), self.state_dir)
 
     def log(self, msg: str) -> None:
         self.log_fh.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
@@ -61,6 +74,8 @@ class Supervisor:
     def start_sshd(self) -> None:
         if self.sshd_pid is not None:
             return
+        if self.tree is not None and not self.services:
+            self.tree.clear_run()  # /run is a tmpfs: empty at boot
         log = open(self.cfg["sshd_log"], "ab")
         self.sshd = subprocess.Popen(self.cfg["sshd_cmd"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
@@ -73,9 +88,24 @@ class Supervisor:
                 return
             if self._banner_ok():
                 self.log(f"sshd up pid={self.sshd_pid}")
+                self.start_services()
                 return
             time.sleep(0.02)
         self.log("sshd did not answer in 10 s")
+
+    def start_services(self) -> None:
+        """Start the device's services in sshd's mount namespace, as their systemd units do (jtop.service:
+        Environment="JTOP_SERVICE=True", ExecStart=<jtop> --force, as root). One set per boot."""
+        if not self.real or self.services or self.sshd_pid is None:
+            return
+        for argv in self.real.get("services") or []:
+            env = dict(self.real["service_env"])
+            log = open(os.path.join(self.ctl_dir, f"service-{os.path.basename(argv[0])}.log"), "ab")
+            proc = subprocess.Popen(["nsenter", f"--mount=/proc/{self.sshd_pid}/ns/mnt", "--", *argv],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+            log.close()
+            self.services.append(proc)
+            self.log(f"service started pid={proc.pid} {argv}")
 
     def _banner_ok(self) -> bool:
         try:
@@ -170,6 +200,9 @@ class Supervisor:
         time.sleep(max(0.0, float(state.get("reboot_grace_s") or 0.0)))
         self.stop_sshd()
         killed = self.kill_all_descendants()
+        self.services = []
+        if self.tree is not None:
+            self.tree.reset_boot()
         self.write_status()
         delay = float(state.get("reboot_delay_s") or 0.0)
         boot_id = str(uuid.uuid4())
@@ -282,12 +315,15 @@ class Supervisor:
                     self.stop_sshd()
                 elif not state.get("blocked") and self.sshd_pid is None and not self.rebooting:
                     self.start_sshd()
+                if self.tree is not None and time.monotonic() >= self.next_refresh:
+                    self.tree.refresh(state, self.state_dir)
+                    self.next_refresh = time.monotonic() + self.tree.update_interval_ms() / 1000.0
                 if state.get("die_after_s") is not None or self.die_armed or self.die_watch:
                     self.watch_die(state, [p for p in S.descendants(os.getpid())])
                 self.write_status()
             except Exception:  # keep supervising; the log tells what went wrong
                 self.log(traceback.format_exc())
-            time.sleep(0.05)
+            time.sleep(0.05 if self.tree is None else 0.01)
         self.stop_sshd()
         self.kill_all_descendants()
         self.log("stopped")

@@ -611,3 +611,25 @@ def test_device_processes_lists_what_the_sessions_left_running(orin_nano):
     assert wait_for(lambda: orin_nano.device_processes(["emu-hang"]) == [])  # SIGHUP/EPIPE with the connection
     assert ssh(orin_nano, "sudo tegrastats --stop").returncode == 0
     assert wait_for(lambda: orin_nano.device_processes() == []), orin_nano.device_processes()
+
+
+def test_real_paths_files_and_oc_counters_under_maxn_super(emulated_jetson_factory):
+    emu = emulated_jetson_factory("orin_nano_super", real_paths=True, nvpmodel_mode=2)
+    names = emu.run("cat /sys/class/hwmon/hwmon*/name").stdout.split()
+    assert names == ["ina3221", "soctherm_oc", "pwmfan", "pwm_tach"]
+    hw = "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1"
+    labels = emu.run(f"cat {hw}/in1_label {hw}/in2_label {hw}/in3_label").stdout.split()
+    assert labels == ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"]
+    assert emu.run("cat /etc/nv_tegra_release").stdout == emu.profile["nv_tegra_release"]
+    oc = "/sys/class/hwmon/hwmon2/oc3_event_cnt"
+    before = int(emu.run(f"cat {oc}").stdout)
+    assert before == 0
+    emu.run("emu-gpu-load 3", timeout=30)
+    after = int(emu.run(f"cat {oc}").stdout)
+    assert after > 50  # emulator rate: 50/s while a workload runs in a MAXN* mode
+
+
+def test_real_paths_oc_counters_stay_zero_below_maxn(emulated_jetson_factory):
+    emu = emulated_jetson_factory("orin_nano_super", real_paths=True)  # 25W
+    emu.run("emu-gpu-load 2", timeout=30)
+    assert emu.run("cat /sys/class/hwmon/hwmon2/oc3_event_cnt").stdout.strip() == "0"

@@ -277,60 +277,6 @@ def __getattr__(name: str):
 
 
 # --------------------------------------------------------------------------------------------
-# jtop (the user's own jetson-stats install; jbench ships none of its code)
-
-JTOP_READER = r"""
-import json, sys, time
-try:
-    from jtop import jtop
-except ImportError as e:
-    print("NO_JTOP jetson-stats is not installed for python3 on the device (%s)" % e, flush=True); sys.exit(3)
-interval = float(sys.argv[1]) / 1000.0
-try:
-    with jtop(interval=interval) as j:
-        while j.ok():
-            p = j.power or {}
-            tot = p.get("tot") or {}
-            rails = {k: v.get("power") for k, v in (p.get("rail") or {}).items()}
-            if tot.get("name"):  # jtop moves the input rail (VDD_IN, POM_5V_IN) out of 'rail' into 'tot'
-                rails[tot["name"]] = tot.get("power")
-            st = j.stats or {}
-            out = {"rails_mw": rails, "gpu_load_pct": st.get("GPU"),
-                   "temps": {k: v for k, v in st.items() if k.startswith("Temp")}}
-            print("%.6f %s" % (time.time(), json.dumps(out, default=str)), flush=True)
-except Exception as e:
-    print("NO_JTOP jtop service not reachable: %s" % e, flush=True); sys.exit(3)
-"""
-
-
-class JtopSampler(StreamSampler):
-    """jtop's rail readings; board and GPU/CPU power by the rules of telemetry/rails.py rather than jtop's own
-    total (jetson-stats 7.2 sums every rail it found, power-supply entries and Thor's `VIN` included, when
-    there is no VDD_IN/POM_5V_IN). `rail_profile` ({power_rails, gpu_rail, cpu_rail}) may be set after
-    construction; without it the documented rules apply."""
-
-    source = "jtop"
-    rail_profile: Optional[dict] = None
-
-    def __init__(self, conn: Connection, interval_ms: int = 100):
-        super().__init__(conn, ["python3", "-c", JTOP_READER, str(int(interval_ms))])
-
-    def _run(self) -> None:
-        for t, data in self._device_json("NO_JTOP "):
-            temps = [v for v in (data.get("temps") or {}).values() if isinstance(v, (int, float)) and v > -100]
-            rails = {k: v / 1000.0 for k, v in (data.get("rails_mw") or {}).items() if isinstance(v, (int, float))}
-            power, total = power_fields(rails, self.rail_profile)
-            self._note_power(total)
-            self.samples.append({
-                "t": t, **power,
-                "gpu_load_pct": data.get("gpu_load_pct"), "temp_max_c": max(temps) if temps else None,
-                **{f"rail_{k}_w": v for k, v in rails.items()},
-            })
-        if not self.samples and not self._stop.is_set():
-            self.problem = self.problem or f"jtop produced no samples (last output: {self.last_skipped!r})"
-
-
-# --------------------------------------------------------------------------------------------
 # NVML (discrete NVIDIA GPUs, local device)
 
 
@@ -404,3 +350,12 @@ class NvmlSampler(Sampler):
                 self._stop.wait(max(0.0, self.interval - (time.time() - t)))
         finally:
             pynvml.nvmlShutdown()
+
+
+def __getattr__(name: str):
+    """JtopSampler / JTOP_READER live in jtop.py (which imports this module): re-exported lazily."""
+    if name in ("JtopSampler", "JTOP_READER"):
+        from jbench.device.telemetry import jtop
+
+        return getattr(jtop, name)
+    raise AttributeError(name)
