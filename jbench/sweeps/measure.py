@@ -183,7 +183,7 @@ def _start_wall(ctx: TrialContext) -> Optional[_Wall]:
         raise
     except (WallMeterError, DeviceError, OSError, ValueError) as exc:
         _close_wall(sampler)
-        problem = f"wall power ({source}) not measured: {exc}"
+        problem = f"wall power ({source}): {exc}"
         ctx.log.warning("%s", problem)
         ctx.notes.append(problem)
         return _Wall(source, problem=f"not measured: {exc}")
