@@ -4,6 +4,7 @@ the controller-device clock offset through real processes, wall energy per windo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -294,6 +295,12 @@ def test_local_run_reports_wall_energy_next_to_the_board(tmp_path, bundled_model
         m["decode_tokens_per_joule"] * BOARD_W / 17.5, rel=1e-9)
     assert m["idle_wall_power_w"] == pytest.approx(17.5)
     assert {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")} >= {"telemetry/wall_samples.csv"}
+    # The sweep's summary table shows the wall figure beside the board's.
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "summary.json", str(tmp_path / "dl"))).read_text())
+    row = dict(zip(table["columns"], table["data"][0]))
+    assert row["decode_wall_tokens_per_joule"] == pytest.approx(m["decode_wall_tokens_per_joule"], abs=1e-3)
+    assert row["decode_tokens_per_joule"] == pytest.approx(m["decode_tokens_per_joule"], abs=1e-3)
 
 
 @pytest.mark.e2e
