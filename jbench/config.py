@@ -123,6 +123,29 @@ class TelemetryConfig:
 
 
 @dataclass
+class WallPowerConfig:
+    """An external meter at the wall socket, read from the controller (jbench/device/telemetry/wall.py)."""
+
+    # none | ptdaemon (SPEC PTDaemon TCP) | shelly (Gen2+ RPC over HTTP) | tasmota (HTTP commands)
+    source: str = nonident("none")
+    host: Optional[str] = nonident(None)
+    # None: 80 for shelly and tasmota; ptdaemon needs PTDaemon's port (its -p option).
+    port: Optional[int] = nonident(None)
+    interval_ms: int = nonident(500)
+    # Shelly switch id; Tasmota channel of a multi-channel plug.
+    channel: int = nonident(0)
+    # ptdaemon: a ranging run (auto ranges) of the workload before the measured testing run, as MLPerf does.
+    ranging: bool = nonident(True)
+    # Tasmota's web user (Shelly's is always admin).
+    user: Optional[str] = nonident(None)
+    # The NAME of an environment variable that holds the meter's password (never the password itself).
+    password_env: Optional[str] = nonident(None)
+    timeout_s: float = nonident(2.0)
+    # Round trips over the device connection to measure the controller-device clock offset.
+    clock_rounds: int = nonident(8)
+
+
+@dataclass
 class EnergyConfig:
     min_window_s: float = nonident(5.0)
     min_samples: int = nonident(5)
@@ -239,6 +262,7 @@ class JBenchConfig:
     power: PowerConfig = ident(default_factory=PowerConfig)
     telemetry: TelemetryConfig = nonident(default_factory=TelemetryConfig)
     energy: EnergyConfig = nonident(default_factory=EnergyConfig)
+    wall_power: WallPowerConfig = nonident(default_factory=WallPowerConfig)
     thermal: ThermalConfig = nonident(default_factory=ThermalConfig)
     experiment: ExperimentConfig = nonident(default_factory=ExperimentConfig)
     sweep: SweepConfig = nonident(default_factory=SweepConfig)

@@ -15,8 +15,12 @@ from typing import Optional
 
 from jbench.analysis.energy import SpeedMatch, speed_match, withhold_per_token_energy
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, energy_metrics, findings, mlflow_series
+from jbench.analysis.wall import board_coverage_metrics, wall_energy_metrics
+from jbench.device.connection import ConnectionLost, DeviceError
 from jbench.device.telemetry.samplers import NoSampler, Sampler
 from jbench.device.telemetry.sources import make_sampler
+from jbench.device.telemetry.wall import (ClockOffset, PtdSampler, WallMeterError, WallSampler, make_wall_sampler,
+                                          measure_clock_offset)
 from jbench.results import BackendResult, Finding, PhaseResult, Result
 from jbench.sweeps.context import TrialContext
 
@@ -35,7 +39,7 @@ def _phase_window(result: BackendResult, phase: str, source: str) -> Optional[Ph
 def _start_sampler(ctx: TrialContext) -> Sampler:
     tele = ctx.cfg.telemetry
     sampler = make_sampler(tele.source, ctx.conn, ctx.trial.config["device"], ctx.trial.config.get("profile"),
-                           int(tele.interval_ms))
+                           int(tele.interval_ms), hwmon_interval_ms=int(tele.hwmon_interval_ms))
     if isinstance(sampler, NoSampler):
         return sampler
     sampler.start()
@@ -49,12 +53,19 @@ def measure(ctx: TrialContext) -> None:
     """Run the backend with telemetry; leaves ctx.backend_result and adds energy to ctx.record."""
     tele, backend, trial, log = ctx.cfg.telemetry, ctx.backend, ctx.trial, ctx.log
     sampler = _start_sampler(ctx)
+    wall = _start_wall(ctx)
     if isinstance(sampler, NoSampler):
         log.info("telemetry: none (%s)", sampler.problem)
-        ctx.backend_result = backend.run(trial, ctx.conn, log)
+        try:
+            ctx.backend_result = backend.run(trial, ctx.conn, log)
+        finally:
+            _stop_wall(wall, [])
         ctx.record.tags.update({"telemetry.source": "none", "energy.status": f"not measured: {sampler.problem}"})
         if tele.source != "none":  # the user asked for no telemetry: nothing to warn about
             ctx.notes.append(sampler.problem)
+        # Without board telemetry the wall meter still has the speed pass's phase windows.
+        speed = [w for w in (_phase_window(ctx.backend_result, p, "speed") for p in ("prefill", "decode")) if w]
+        ctx.record.merge(_wall_result(ctx, wall, speed))
         return
     log.info("telemetry: %s at %d ms", sampler.source, tele.interval_ms)
     energy = EnergySettings(ctx.cfg.energy.min_window_s, ctx.cfg.energy.min_samples, ctx.cfg.energy.min_coverage)
@@ -92,6 +103,7 @@ def measure(ctx: TrialContext) -> None:
                 windows.append(PhaseWindow("cooldown", last_end, t_end))
     finally:
         samples = sampler.stop()
+        _stop_wall(wall, windows)
     metrics, tags = energy_metrics(samples, windows, energy, sampler.problem if not samples else None)
     found_speed = _speed_match_record(metrics, tags, matches)
     tags["telemetry.source"] = sampler.source
@@ -99,6 +111,7 @@ def measure(ctx: TrialContext) -> None:
     tags["telemetry.skipped_lines"] = str(sampler.skipped_lines)
     if getattr(sampler, "power_field", None):
         tags["telemetry.power_field"] = sampler.power_field
+    tags.update(sampler.telemetry_tags())  # which rails made the total, and the sensor's own settings
     found = findings(samples, windows, profile=trial.config.get("profile"), requested_mode=ctx.cfg.power.mode,
                      actual_mode=ctx.actual_mode) + found_speed
     artifacts["telemetry/samples.csv"] = samples_csv(samples)
@@ -107,6 +120,14 @@ def measure(ctx: TrialContext) -> None:
         ctx.notes.append(sampler.problem)
     ctx.record.merge(Result(metrics=metrics, tags=tags, findings=found, artifacts=artifacts,
                             series=mlflow_series(samples)))
+    if wall is not None:
+        ctx.record.merge(Result(metrics={k: v for k, v in board_coverage_metrics(samples, windows, energy).items()
+                                         if k not in ctx.record.metrics}))
+    wall_result = _wall_result(ctx, wall, windows)
+    for phase, match in matches.items():  # wall tokens/J of a mismatched window are withheld like the board's
+        if not match.ok:
+            withhold_per_token_energy(wall_result.metrics, phase)
+    ctx.record.merge(wall_result)
 
 
 def _energy_pass(ctx: TrialContext, phase: str, speed: PhaseResult, window: PhaseWindow, energy: EnergySettings,
@@ -181,3 +202,111 @@ def samples_csv(samples: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(samples)
     return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# Wall power (jbench/device/telemetry/wall.py): a meter read on the controller, shifted onto the
+# device's clock by the offset measured before and after the trial.
+
+
+class _Wall:
+    def __init__(self, source: str, sampler: Optional[WallSampler] = None,
+                 before: Optional[ClockOffset] = None, problem: str = ""):
+        self.source, self.sampler, self.before, self.problem = source, sampler, before, problem
+
+
+def _energy_settings(ctx: TrialContext) -> EnergySettings:
+    return EnergySettings(ctx.cfg.energy.min_window_s, ctx.cfg.energy.min_samples, ctx.cfg.energy.min_coverage)
+
+
+def _start_wall(ctx: TrialContext) -> Optional[_Wall]:
+    """Start the wall meter (after a ranging run for PTDaemon); a meter that fails never fails the trial."""
+    section = dict(ctx.trial.config.get("wall_power") or {})
+    source = section.get("source") or "none"
+    if source == "none":
+        return None
+    sampler: Optional[WallSampler] = None
+    try:
+        sampler = make_wall_sampler(section)
+        assert sampler is not None
+        before = measure_clock_offset(ctx.conn, int(section.get("clock_rounds") or 8))
+        sampler.probe()
+        if isinstance(sampler, PtdSampler) and section.get("ranging", True):
+            ctx.log.info("wall power: PTDaemon ranging run (auto ranges, one run of the workload)")
+            sampler.ranging_run(lambda: ctx.backend.run(ctx.trial, ctx.conn, ctx.log))
+        sampler.start()
+        wait_s = 3.0 + 3 * sampler.interval
+        if not sampler.wait_for_samples(1, timeout_s=wait_s):
+            raise WallMeterError(sampler.problem or f"no reading within {wait_s:g} s ({sampler.last_error})")
+    except ConnectionLost:
+        _close_wall(sampler)
+        raise
+    except (WallMeterError, DeviceError, OSError, ValueError) as exc:
+        _close_wall(sampler)
+        problem = f"wall power ({source}): {exc}"
+        ctx.log.warning("%s", problem)
+        ctx.notes.append(problem)
+        return _Wall(source, problem=f"not measured: {exc}")
+    ctx.log.info("wall power: %s (%s) every %d ms, clock offset %+.6f s +/- %.6f s", source, sampler.meter,
+                 int(sampler.interval * 1000), before.offset_s, before.uncertainty_s)
+    return _Wall(source, sampler, before)
+
+
+def _close_wall(sampler: Optional[WallSampler]) -> None:
+    if sampler is None:
+        return
+    sampler.stop()
+    if isinstance(sampler, PtdSampler):
+        sampler.finish()
+
+
+def _stop_wall(wall: Optional[_Wall], windows: list[PhaseWindow]) -> None:
+    """Stop the meter once it has a reading past the last window (device times, shifted to its clock)."""
+    if wall is None or wall.sampler is None or wall.before is None:
+        return
+    last_end = max((w.end for w in windows), default=None)
+    if last_end is not None:
+        wall.sampler.wait_past(last_end - wall.before.offset_s, timeout_s=2.0 + 3 * wall.sampler.interval)
+    _close_wall(wall.sampler)
+
+
+def _wall_result(ctx: TrialContext, wall: Optional[_Wall], windows: list[PhaseWindow]) -> Result:
+    """Wall energy per window and the wall.* tags that say how it was measured."""
+    if wall is None:
+        return Result()
+    tags = {"wall.source": wall.source}
+    sampler, before = wall.sampler, wall.before
+    if sampler is None or before is None:
+        tags["wall.status"] = wall.problem
+        return Result(tags=tags)
+    section = ctx.trial.config.get("wall_power") or {}
+    try:
+        after: Optional[ClockOffset] = measure_clock_offset(ctx.conn, int(section.get("clock_rounds") or 8))
+    except ConnectionLost:
+        raise
+    except DeviceError as exc:
+        after = None
+        tags["wall.clock_offset_after"] = f"not measured: {exc}"
+    offset = ClockOffset.combine(before, after)
+    samples = sampler.shifted(offset.offset_s)
+    metrics, energy_tags = wall_energy_metrics(samples, windows, _energy_settings(ctx), sampler.counter_resolution_j)
+    tags.update(energy_tags)
+    tags.update({
+        "wall.status": "ok" if samples else f"not measured: {sampler.problem or 'no readings'}",
+        "wall.meter": sampler.meter,
+        "wall.samples": str(len(samples)),
+        "wall.failed_polls": str(sampler.failed_polls),
+        "wall.clock_offset_s": repr(offset.offset_s),
+        "wall.clock_offset_uncertainty_s": repr(offset.uncertainty_s),
+        "wall.clock_offset_before_s": repr(before.offset_s),
+    })
+    if after is not None:
+        tags["wall.clock_offset_after_s"] = repr(after.offset_s)
+        tags["wall.clock_drift_s"] = repr(after.offset_s - before.offset_s)
+    if isinstance(sampler, PtdSampler):
+        tags["wall.ranging"] = sampler.ranging
+        if sampler.uncertainty:
+            tags["wall.ptd.uncertainty"] = sampler.uncertainty[:250]
+    if sampler.counter_resolution_j:
+        tags["wall.counter_resolution_j"] = f"{sampler.counter_resolution_j:g}"
+    return Result(metrics=metrics, tags=tags, artifacts={"telemetry/wall_samples.csv": samples_csv(samples)})

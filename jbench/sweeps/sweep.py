@@ -673,6 +673,9 @@ def _summary_rows(outcomes: list[TrialOutcome], dims: dict, tracker: Any, done: 
         for col in ("prefill_tps", "decode_tps", "decode_tokens_per_joule"):
             v = metrics.get(col)
             row[col] = round(float(v), 3) if v is not None and v == v else None
+        if "decode_wall_tokens_per_joule" in metrics:  # a wall meter ran (wall_power.source): its figure beside the board's
+            v = metrics["decode_wall_tokens_per_joule"]
+            row["decode_wall_tokens_per_joule"] = round(float(v), 3) if v == v else None
         rows.append(row)
     return rows
 
