@@ -34,7 +34,8 @@ def test_orin_nano_super_power_follows_load_and_extra_fields(emulated_jetson_fac
     finally:
         sampler.stop()
     s = idle[-1]
-    assert sampler.power_field == "input VDD_IN"
+    assert sampler.power_field == "board input VDD_IN"
+    assert sampler.telemetry_tags()["telemetry.power_rails"] == "VDD_IN"
     assert s["power_w"] == s["rail_VDD_IN_w"] and s["power_w"] > 1.0
     assert s["jtop_nvpmodel"] == "25W" and s["jtop_jetson_clocks"] is False
     assert s["fan_speed_pct"] is not None and s["fan_rpm"] is not None
@@ -51,7 +52,7 @@ def test_agx_orin_sums_module_rails(emulated_jetson_factory):
         s = _collect(sampler, 3)[-1]
     finally:
         sampler.stop()
-    assert sampler.power_field.startswith("sum:agx_orin")
+    assert sampler.power_field.startswith("module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0")
     names = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")
     assert s["power_w"] == pytest.approx(sum(s[f"rail_{n}_w"] for n in names))
     assert "rail_NC_w" not in s

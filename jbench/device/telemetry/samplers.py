@@ -267,15 +267,6 @@ class TegrastatsSampler(StreamSampler):
 # sysfs INA3221 / INA238 hwmon: jbench/device/telemetry/hwmon.py (SysfsSampler, HWMON_READER), re-exported here.
 
 
-def __getattr__(name: str):
-    # Lazy, because hwmon.py builds on StreamSampler from this module.
-    if name in ("SysfsSampler", "SYSFS_READER", "HWMON_READER"):
-        from jbench.device.telemetry import hwmon
-
-        return getattr(hwmon, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --------------------------------------------------------------------------------------------
 # NVML (discrete NVIDIA GPUs, local device)
 
@@ -352,10 +343,15 @@ class NvmlSampler(Sampler):
             pynvml.nvmlShutdown()
 
 
-def __getattr__(name: str):
-    """JtopSampler / JTOP_READER live in jtop.py (which imports this module): re-exported lazily."""
-    if name in ("JtopSampler", "JTOP_READER"):
-        from jbench.device.telemetry import jtop
+# The sysfs and jtop samplers live in hwmon.py and jtop.py, which build on StreamSampler from this module,
+# so they are re-exported lazily (an import here would be circular).
+_MOVED = {"SysfsSampler": "hwmon", "SYSFS_READER": "hwmon", "HWMON_READER": "hwmon",
+          "JtopSampler": "jtop", "JTOP_READER": "jtop"}
 
-        return getattr(jtop, name)
-    raise AttributeError(name)
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"jbench.device.telemetry.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
