@@ -77,8 +77,23 @@ FAN_MAX_RPM = 5000  # emulator assumption
 
 
 def _w(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    S.write_text_atomic(path, text)
+    """Create the file, or rewrite it in place. A sysfs attribute keeps its inode: a reader that holds it
+    open and re-reads at offset 0 gets the new value (Linux Documentation/filesystems/sysfs.rst, "Reading/
+    Writing Attribute Data": a re-read needs a seek to 0), so a rename-based atomic write would leave such a
+    reader on the old file forever. Written first, then cut to length: a reader racing the update can see a
+    torn value for an instant (which real sysfs never shows); readers skip a value that does not parse."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        S.write_text_atomic(path, text)
+        return
+    try:
+        data = text.encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _link(target: str, path: str) -> None:
