@@ -64,7 +64,7 @@ CASES = [
     ("backend-key-typo-other-backend", ["run", "backend=engine", "backend.repetitons=2"],
      "Did you mean backend.repetitions?", False),
     ("backend-key-far", ["run", "backend.zzzzzz=1"], "keys of backend 'llamacpp'", False),
-    ("section-key-typo", ["run", "telemetry.intervl_ms=50"], "Did you mean telemetry.interval_ms?", False),
+    ("section-key-typo", ["run", "telemetry.intervl_ms=50"], "Did you mean telemetry.interval_ms or telemetry.hwmon_interval_ms?", False),
     ("top-level-typo", ["run", "devise.name=x"], "Did you mean device?", False),
     ("unknown-top-level", ["run", "nonsense=1"], "unknown config key 'nonsense'", False),
     ("experiment-without-plus", ["sweep", "experiment=quant_ladder"], "+experiment=quant_ladder", False),

@@ -37,7 +37,7 @@ def test_experiment_sets_grid_and_backend_values():
         ("device=lab_orin", "unknown device 'lab_orin'. Valid device names: local"),
         ("backend=vllm", "unknown backend 'vllm'. Valid backend names: engine, llamacpp, trtllm"),
         ("backend.n_gne=3", "unknown config key 'backend.n_gne'. Did you mean backend.n_gen?"),
-        ("telemetry.intervl_ms=3", "unknown config key 'telemetry.intervl_ms'. Did you mean telemetry.interval_ms?"),
+        ("telemetry.intervl_ms=3", "unknown config key 'telemetry.intervl_ms'. Did you mean telemetry.interval_ms or telemetry.hwmon_interval_ms?"),
         ("backend.n_gen=many", "bad value 'many' for backend.n_gen: expected Integer"),
         ("backend.extra_args=5", "bad value for backend.extra_args: got int, expected a list"),
         ("colour=red", "unknown config key 'colour'. Valid top-level keys: device, backend, model"),
