@@ -20,16 +20,19 @@ def _results_dir(results_dir: Optional[str]) -> str:
 def _results_tracker(results_dir: Optional[str]):
     """The store to read, never created here: none at the results directory (or a server that does not
     answer) is one message and exit 2."""
-    from jbench.tracking.common import resolve_uri, server_problem, store_exists
+    from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, store_exists
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
+    problem = database_problem(uri, "$MLFLOW_TRACKING_URI")
+    if problem:
+        raise _fail(problem)
     if not store_exists(uri):
         raise _fail(f"no results store in {Path(results).resolve()} ({uri} does not exist): run a sweep first, "
                     "or point --results-dir / $JBENCH_RESULTS_DIR at the directory that holds mlflow.db")
     down = server_problem(uri)
     if down:
-        raise _fail(f"tracking server {uri}: {down}. Start it, or unset MLFLOW_TRACKING_URI to read the local store")
+        raise _fail(f"tracking server {redact(uri)}: {down}. Start it, or unset MLFLOW_TRACKING_URI to read the local store")
     from jbench.tracking.writer import Tracker
 
     return Tracker(None, results)
@@ -219,7 +222,7 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
     except LookupError as exc:
         raise _unknown_experiment(tracker, exc) from None
     if df.empty:  # an empty file would look like a successful export
-        raise _fail(f"no {'runs' if all_kinds else 'trial runs'} to export in {tracker.uri}; run a sweep first")
+        raise _fail(f"no {'runs' if all_kinds else 'trial runs'} to export in {tracker.shown_uri}; run a sweep first")
     try:
         path = export_frame(df, out_path)
     except (ValueError, OSError) as exc:
@@ -265,12 +268,16 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     import signal
     import subprocess
 
-    from jbench.tracking.common import artifacts_root, is_remote, local_path, resolve_uri, runs_view_url, store_exists
+    from jbench.tracking.common import (artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri,
+                                        runs_view_url, store_exists)
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
+    problem = database_problem(uri, "$MLFLOW_TRACKING_URI")
+    if problem:
+        raise _fail(problem)
     if is_remote(uri):
-        console.print(f"results are on the tracking server: open {uri}", highlight=False)
+        console.print(f"results are on the tracking server: open {redact(uri)}", highlight=False)
         return
     if not store_exists(uri):
         raise _fail(f"no results store in {Path(results).resolve()} ({uri} does not exist): run a sweep first, "
@@ -331,14 +338,19 @@ def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     if not (spool_dir(results) / "mlflow.db").exists():
         console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
         return
+    from jbench.tracking.common import database_problem, redact
     from jbench.tracking.sync import SyncError, sync as run_sync, target_uri
 
+    given = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    problem = database_problem(given, "--uri" if uri else "$MLFLOW_TRACKING_URI") if given else None
+    if problem:
+        raise _fail(problem)
     try:
-        target = target_uri(results, uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        target = target_uri(results, given)
         result = run_sync(results, target)
     except SyncError as exc:
         raise _fail(str(exc)) from None
-    console.print(f"synced {len(result.uploaded)} run(s) to {target}"
+    console.print(f"synced {len(result.uploaded)} run(s) to {redact(target)}"
                   + (f"; {result.already} synced before" if result.already else ""), highlight=False)
     if result.running:
         err_console.print(f"[yellow]{len(result.running)} spool run(s) still RUNNING were left for a later sync[/]",

@@ -287,10 +287,11 @@ def _history(plan_) -> dict:
 def _check_store(plan_, console) -> bool:
     """Before anything touches a device: the results directory and store can be written, and a tracking
     server answers (else tracking.unreachable decides: stop, exit 2; or spool). True: spool from the start."""
-    from jbench.tracking.common import resolve_uri, server_problem, spool_dir, store_problem
+    from jbench.tracking.common import redact, resolve_uri, server_problem, spool_dir, store_problem
 
     results_dir = plan_.tracking["results_dir"]
     uri = resolve_uri(plan_.tracking.get("uri"), results_dir)
+    shown = redact(uri)
     problem = store_problem(uri, results_dir)
     if problem:
         raise _fail(f"cannot write results: {problem}. Set tracking.results_dir (or $JBENCH_RESULTS_DIR) "
@@ -302,28 +303,31 @@ def _check_store(plan_, console) -> bool:
     if down is None:
         return False
     if choice == "stop":
-        raise _fail(f"tracking server {uri}: {down}. Start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or add "
+        raise _fail(f"tracking server {shown}: {down}. Start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or add "
                     "tracking.unreachable=spool to measure into a local spool and upload it later with `jbench sync`")
-    console.print(f"[yellow]tracking server {uri}: {down}; measuring into the spool {spool_dir(results_dir)} "
+    console.print(f"[yellow]tracking server {shown}: {down}; measuring into the spool {spool_dir(results_dir)} "
                   f"(`jbench sync` uploads it once the server is back)[/]", highlight=False)
     return True
 
 
 # URI schemes an MLflow store can have (a plain path is a file store).
-_STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+_STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "databricks", "databricks-uc")
 
 
 def _check_store_uri(plan_) -> None:
     """A tracking URI MLflow cannot open is a user error before anything runs (not an MLflow traceback later)."""
     from urllib.parse import urlparse
 
-    from jbench.tracking.common import resolve_uri
+    from jbench.tracking.common import database_problem, redact, resolve_uri
 
     uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
     scheme = urlparse(uri).scheme.split("+")[0]
+    source = "tracking.uri" if plan_.tracking.get("uri") else "$MLFLOW_TRACKING_URI"
+    problem = database_problem(uri, source)
+    if problem:
+        raise _fail(problem)
     if scheme not in _STORE_SCHEMES:
-        source = "tracking.uri" if plan_.tracking.get("uri") else "$MLFLOW_TRACKING_URI"
-        raise _fail(f"{source} '{uri}' is not a tracking store MLflow can open: give http(s)://HOST:PORT for an "
+        raise _fail(f"{source} '{redact(uri)}' is not a tracking store MLflow can open: give http(s)://HOST:PORT for an "
                     f"MLflow server, sqlite:///PATH, or unset it to use the results directory")
 
 
@@ -389,7 +393,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"], spool=spool_from_start, notify=say)
         made.append(t)
         if not spool_from_start:
-            console.print(f"tracking to {t.uri}", highlight=False)
+            console.print(f"tracking to {t.shown_uri}", highlight=False)
         return t
 
     _sigterm_as_interrupt()
@@ -410,14 +414,16 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)
         console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     notes = sorted({n for o in result.outcomes for n in o.notes})
+    from jbench.tracking.common import redact
+
     for note in notes:  # said once per sweep, not once per trial
         err_console.print(f"[yellow]energy not measured:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if made and made[0].spooling is not None:
         console.print(f"results: spooled in {made[0].spool_uri} (experiment '{escape(result.experiment)}') because "
-                      f"{made[0].uri} did not answer; `jbench sync` uploads them once it is back",
+                      f"{made[0].shown_uri} did not answer; `jbench sync` uploads them once it is back",
                       highlight=False, soft_wrap=True)
     else:
-        console.print(f"results: {result.tracking_uri} (experiment '{escape(result.experiment)}'); "
+        console.print(f"results: {redact(result.tracking_uri)} (experiment '{escape(result.experiment)}'); "
                       f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import unquote
 
 # MLflow 3 sends usage telemetry of its own by default; jbench does not phone home for its users.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -53,6 +54,44 @@ def resolve_uri(uri: Optional[str], results_dir: str | Path) -> str:
     if env:
         return env
     return local_uri(results_dir)
+
+
+# A database URI (what `mlflow server --backend-store-uri` takes) given to jbench itself: refused with the fix.
+# Controllers write through a tracking server: it holds the database credentials, proxies the artifacts
+# (`--artifacts-destination`) and is what the spool fails over from; see docs/team-store.md.
+DATABASE_SCHEMES = ("postgresql", "postgres", "mysql", "mssql")
+
+
+def redact(uri: str) -> str:
+    """`uri` with the password of its user part (and any `password=` query value) replaced by ***:
+    what jbench prints, records in tags and puts in error messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+        password = parts.password
+    except ValueError:
+        return uri
+    netloc = parts.netloc
+    if password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    query = "&".join(f"{q.split('=', 1)[0]}=***" if q.lower().startswith(("password=", "sslpassword=")) else q
+                     for q in parts.query.split("&")) if parts.query else parts.query
+    if netloc == parts.netloc and query == parts.query:
+        return uri
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def database_problem(uri: str, source: str = "the tracking URI") -> Optional[str]:
+    """Why jbench does not write or read a database URI itself (with the fix), or None for any other URI."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in DATABASE_SCHEMES:
+        return None
+    return (f"{source} {redact(uri)} is a database, not a tracking server: jbench writes through an `mlflow server` "
+            f"(it holds the database password, serves the artifacts, and a controller spools when it is down). "
+            f"Start `mlflow server --backend-store-uri {redact(uri)} --artifacts-destination DIR` and set "
+            f"tracking.uri / $MLFLOW_TRACKING_URI to http://HOST:PORT (docs/team-store.md)")
 
 
 def local_uri(results_dir: str | Path) -> str:
@@ -118,8 +157,18 @@ def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
     """Why the MLflow server at `uri` cannot be used, or None when its /health answers (local stores: None)."""
     if not is_remote(uri):
         return None
+    from urllib.parse import urlsplit, urlunsplit
+
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+        parts = urlsplit(uri)
+        request = urllib.request.Request(urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+                                         .rstrip("/") + "/health")
+        if parts.username is not None:  # http://USER:PASSWORD@HOST: the same basic auth MLflow's client sends
+            import base64
+
+            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             if resp.status == 200:
                 return None
             return f"its /health answered HTTP {resp.status}"

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 import jbench.tracking.artifacts  # noqa: F401  (the spool's mlflow-artifacts:/ locations)
-from jbench.tracking.common import _BATCH, RUN_UID_TAG, SYNCED_TAG, local_uri, server_problem, spool_dir
+from jbench.tracking.common import _BATCH, RUN_UID_TAG, SYNCED_TAG, local_uri, redact, server_problem, spool_dir
 from jbench.tracking.writer import PARENT_UID_TAG, SPOOLED_FOR_TAG
 
 
@@ -61,8 +61,12 @@ def target_uri(results_dir: str | Path, uri: Optional[str]) -> str:
         local = MlflowClient(spool)
         for exp in local.search_experiments():
             targets |= {r.data.tags.get(SPOOLED_FOR_TAG) for r in _all_runs(local, exp.experiment_id)} - {None}
-    if len(targets) == 1:
+    if len(targets) == 1 and ":***@" not in next(iter(targets)):
         return targets.pop()
+    if len(targets) == 1:  # the spool records a URI without its password
+        raise SyncError(f"the spool's runs were meant for {targets.pop()}: give that server with its credentials, "
+                        "`jbench sync --uri URI` or MLFLOW_TRACKING_URI (or MLFLOW_TRACKING_USERNAME and "
+                        "MLFLOW_TRACKING_PASSWORD beside a URI without them)")
     raise SyncError("name the tracking server: `jbench sync --uri http://HOST:PORT` or set MLFLOW_TRACKING_URI"
                     + (f" (the spool holds runs for {', '.join(sorted(targets))})" if targets else ""))
 
@@ -75,7 +79,7 @@ def sync(results_dir: str | Path, uri: str, progress: Callable[[str], None] = la
         return result
     down = server_problem(uri)
     if down:
-        raise SyncError(f"tracking server {uri}: {down}; nothing was uploaded and the spool "
+        raise SyncError(f"tracking server {redact(uri)}: {down}; nothing was uploaded and the spool "
                         f"{spool_dir(results_dir)} is untouched. Start the server and run `jbench sync` again")
     local, server = MlflowClient(spool), MlflowClient(uri)
     uid_to_server: dict[str, str] = {}

@@ -32,7 +32,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
 from jbench.tracking.common import (
-    _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, resolve_uri, spool_dir,
+    _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, redact, resolve_uri, spool_dir,
 )
 
 PARENT_UID_TAG = "jbench.parent_uid"  # the parent's identity: sync links a child to its parent on the server
@@ -110,6 +110,11 @@ class Tracker:
             self._fail_over(None)
 
     @property
+    def shown_uri(self) -> str:
+        """The tracking URI as jbench prints and records it: a password in it is ***."""
+        return redact(self.uri)
+
+    @property
     def target_uri(self) -> str:
         """Where writes go now: the tracking URI, or the spool once the server is gone."""
         return self.spool_uri if self.spooling is not None else self.uri
@@ -176,7 +181,7 @@ class Tracker:
         run_tags = {MLFLOW_RUN_NAME: name, RUN_UID_TAG: uid}
         if self.spooling is not None:
             experiment_id = self._spool_experiment(experiment_id)
-            run_tags[SPOOLED_FOR_TAG] = self.uri
+            run_tags[SPOOLED_FOR_TAG] = self.shown_uri  # never a password: `jbench sync` asks for the URI then
         if parent_run_id:
             run_tags[MLFLOW_PARENT_RUN_ID] = self._run_ids.get(parent_run_id, parent_run_id)
             parent_uid = self._uids.get(parent_run_id)
@@ -212,7 +217,7 @@ class Tracker:
                     return result
             target = self._run_ids.get(run_id, run_id)
             if target not in self._spool_runs:
-                raise RuntimeError(f"run {run_id} is on {self.uri}, which does not answer, and was not opened "
+                raise RuntimeError(f"run {run_id} is on {self.shown_uri}, which does not answer, and was not opened "
                                    "by this sweep: it cannot be spooled; retry once the server is back")
             return fn(self, target, *args, **kwargs)
         finally:
@@ -232,7 +237,7 @@ class Tracker:
                 fn(self, self._run_ids[run_id], *args, **kwargs)
         self._clock = None
         self._journal.clear()
-        self.notify(f"tracking server {self.uri} does not answer; measuring on into the spool {spool} "
+        self.notify(f"tracking server {self.shown_uri} does not answer; measuring on into the spool {spool} "
                     f"(`jbench sync` uploads it once the server is back)")
 
     @run_write
