@@ -141,6 +141,8 @@ def _heavy(word: str, path: str | None) -> tuple[str, str] | None:
         return "the jbench CLI", "e2e"
     if name == "mlflow":
         return "mlflow", "e2e"
+    if name in ("postgres", "postmaster", "initdb", "pg_ctl", "pg_ctlcluster"):
+        return f"PostgreSQL's {name}", "e2e"
     if name in _CHROMIUM:
         return "Chromium", "e2e"
     return None
