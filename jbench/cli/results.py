@@ -332,19 +332,18 @@ def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     """Upload the spool (runs measured while the tracking server did not answer) to the server, exactly once."""
     import os
 
-    results = _results_dir(results_dir)
-    from jbench.tracking.common import spool_dir
-
-    if not (spool_dir(results) / "mlflow.db").exists():
-        console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
-        return
-    from jbench.tracking.common import database_problem, redact
-    from jbench.tracking.sync import SyncError, sync as run_sync, target_uri
+    from jbench.tracking.common import database_problem, redact, spool_dir
 
     given = uri or os.environ.get("MLFLOW_TRACKING_URI")
     problem = database_problem(given, "--uri" if uri else "$MLFLOW_TRACKING_URI") if given else None
     if problem:
         raise _fail(problem)
+    results = _results_dir(results_dir)
+    if not (spool_dir(results) / "mlflow.db").exists():
+        console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
+        return
+    from jbench.tracking.sync import SyncError, sync as run_sync, target_uri
+
     try:
         target = target_uri(results, given)
         result = run_sync(results, target)
