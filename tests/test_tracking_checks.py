@@ -50,3 +50,32 @@ def test_unreachable_tells_a_dead_server_from_a_refused_request():
     assert unreachable(refused) and unreachable(wrapped)
     assert not unreachable(MlflowException("INVALID_PARAMETER_VALUE: Changing param values is not allowed"))
     assert not unreachable(ValueError("bad value"))
+
+
+def test_uris_are_shown_without_passwords():
+    from jbench.tracking.common import redact
+
+    assert redact("postgresql://mlflow:pw@db:5432/mlflow") == "postgresql://mlflow:***@db:5432/mlflow"
+    assert redact("http://alice:s3cr%40t@mlflow.lab:5000") == "http://alice:***@mlflow.lab:5000"
+    assert redact("postgresql://mlflow@db/mlflow?password=pw&sslmode=require") == \
+        "postgresql://mlflow@db/mlflow?password=***&sslmode=require"
+    for uri in ("http://mlflow.lab:5000", "sqlite:////tmp/r/mlflow.db", "postgresql://mlflow@db/mlflow", "results"):
+        assert redact(uri) == uri
+
+
+def test_a_database_uri_is_refused_with_the_fix():
+    from jbench.tracking.common import database_problem
+
+    for uri in ("postgresql://u:pw@db/mlflow", "postgresql+psycopg://u:pw@db/m", "mysql://u:pw@db/m"):
+        problem = database_problem(uri)
+        assert problem and "pw" not in problem and "u:***@" in problem and "mlflow server" in problem
+        assert "--artifacts-destination" in problem and "docs/team-store.md" in problem
+    for uri in ("http://mlflow.lab:5000", "sqlite:////tmp/mlflow.db", "results"):
+        assert database_problem(uri) is None
+
+
+def test_resume_index_declines_anything_but_a_local_sqlite_store():
+    from jbench.tracking.resume_index import finished_trials_sqlite
+
+    for uri in ("postgresql://mlflow@127.0.0.1:1/mlflow", "http://127.0.0.1:1"):
+        assert finished_trials_sqlite(uri, "adhoc") is None
