@@ -163,10 +163,14 @@ def farm_add(place, device_entry, tags, coordinator, config_dirs) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds to wait (default farm.reserve_timeout_s).")
 @click.option("--sweep-id", default="manual", show_default=True, help="Named in the place's jbench_owner tag.")
 @click.option("--no-health-check", is_flag=True, help="Skip the quick health check of the leased devices.")
+@click.option("--heartbeat-s", type=float, default=None, help="Heartbeat period (default farm.heartbeat_s).")
+@click.option("--stale-after", "stale_after_s", type=float, default=None,
+              help="Free matching places whose jbench holder is silent this long (default farm.stale_after_s).")
 @_coordinator_option
 @_config_dir_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def farm_reserve(tags, count, priority, timeout_s, sweep_id, no_health_check, coordinator, config_dirs, command) -> None:
+def farm_reserve(tags, count, priority, timeout_s, sweep_id, no_health_check, heartbeat_s, stale_after_s, coordinator,
+                 config_dirs, command) -> None:
     """Reserve and hold places matching --tag until Ctrl-C (or SIGTERM), or run `-- COMMAND ...` while holding
     them (it gets $JBENCH_FARM_DEVICES, $JBENCH_FARM_PLACES and $LG_PLACE)."""
     from jbench.farm import CoordinatorError, FarmError, lease
@@ -177,8 +181,9 @@ def farm_reserve(tags, count, priority, timeout_s, sweep_id, no_health_check, co
     cfg = _farm_config(config_dirs)
     address = _address(coordinator, cfg)
     held = lease(address, selector, count=count, priority=cfg["priority"] if priority is None else priority,
-                 sweep_id=sweep_id, config_dirs=config_dirs, heartbeat_s=cfg["heartbeat_s"],
-                 stale_after_s=cfg["stale_after_s"],
+                 sweep_id=sweep_id, config_dirs=config_dirs,
+                 heartbeat_s=cfg["heartbeat_s"] if heartbeat_s is None else heartbeat_s,
+                 stale_after_s=cfg["stale_after_s"] if stale_after_s is None else stale_after_s,
                  reserve_timeout_s=cfg["reserve_timeout_s"] if timeout_s is None else timeout_s,
                  health_check=not no_health_check, on_wait=lambda msg: click.echo(msg, err=True))
     try:

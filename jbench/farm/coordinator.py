@@ -90,7 +90,10 @@ class Coordinator:
         # Keepalive as labgrid-client sets it: a dead coordinator is noticed, an idle link is kept.
         self._channel = grpc.insecure_channel(self.address, options=[
             ("grpc.keepalive_time_ms", 7500), ("grpc.keepalive_timeout_ms", 10000),
-            ("grpc.http2.max_pings_without_data", 0)])
+            ("grpc.http2.max_pings_without_data", 0),
+            # Own TCP connection per Coordinator: the coordinator tells sessions apart by peer address, and
+            # gRPC would otherwise share one connection between channels of a process (two leases in one).
+            ("grpc.use_local_subchannel_pool", 1)])
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
         except grpc.FutureTimeoutError:
