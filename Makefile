@@ -30,10 +30,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The fast tier: no llama.cpp, sshd, jbench subprocess, MLflow server or Chromium, nothing over ~3 s; under
+# The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, nothing over ~3 s; under
 # 60 s. JBENCH_TEST_TIER=fast makes a test that starts one of those without its marker fail (tests/conftest.py).
 test-fast: $(STAMP)
-	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not e2e and not ssh and not slow"
+	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not e2e and not ssh and not slow and not coordinator"
 
 bench: setup
 	$(BIN)/python bench/overhead.py

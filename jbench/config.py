@@ -252,6 +252,24 @@ class ThermalConfig:
 
 
 @dataclass
+class FarmConfig:
+    """The device farm (docs/farm.md): leases through a labgrid coordinator. coordinator None: no farm, the
+    on-device lease alone keeps controllers apart."""
+
+    # HOST:PORT of a `labgrid-coordinator` ($LG_COORDINATOR is used by `jbench farm` when this is unset).
+    coordinator: Optional[str] = nonident(None)
+    # A place whose jbench holder sent no heartbeat for this long is released (the stale policy).
+    stale_after_s: float = nonident(300.0)
+    heartbeat_s: float = nonident(10.0)
+    # How long to wait in the coordinator's queue for matching places (None: without limit).
+    reserve_timeout_s: Optional[float] = nonident(3600.0)
+    # Reservations with a higher priority are served first (labgrid's prio).
+    priority: float = nonident(0.0)
+    # Consecutive trials failing for device reasons before the device is quarantined (0: never).
+    quarantine_after_failures: int = nonident(3)
+
+
+@dataclass
 class JBenchConfig:
     # Sections declared nonident drop out whole; the others count through their own fields' declarations.
     # Keys the planner adds (profile, quality, round) are no schema field and never identity.
@@ -266,6 +284,7 @@ class JBenchConfig:
     thermal: ThermalConfig = nonident(default_factory=ThermalConfig)
     experiment: ExperimentConfig = nonident(default_factory=ExperimentConfig)
     sweep: SweepConfig = nonident(default_factory=SweepConfig)
+    farm: FarmConfig = nonident(default_factory=FarmConfig)
 
 
 def register_schemas() -> None:

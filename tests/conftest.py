@@ -2,8 +2,9 @@
 (`make setup` runs it); when they are missing the tests fail and say so, they never skip.
 
 Test tiers (markers in pyproject.toml): `e2e` (real llama.cpp binaries or what `jbench setup` made, a real MLflow
-server, Chromium, or a `jbench` CLI subprocess), `ssh` (a real sshd: the emulated Jetsons), `slow` (pure Python,
-over ~3 s). `make test-fast` sets JBENCH_TEST_TIER=fast and deselects all three; in that tier the guard below makes
+server, Chromium, or a `jbench` CLI subprocess), `ssh` (a real sshd: the emulated Jetsons), `coordinator` (a real
+`labgrid-coordinator`), `slow` (pure Python, over ~3 s). `make test-fast` sets JBENCH_TEST_TIER=fast and deselects
+all four; in that tier the guard below makes
 a test that starts one of those processes (or uses `llama_build` / `bundled_model`) without its marker fail, so the
 marks cannot drift."""
 
@@ -143,6 +144,8 @@ def _heavy(word: str, path: str | None) -> tuple[str, str] | None:
         return "mlflow", "e2e"
     if name in ("postgres", "postmaster", "initdb", "pg_ctl", "pg_ctlcluster"):
         return f"PostgreSQL's {name}", "e2e"
+    if name == "labgrid-coordinator":
+        return "a labgrid coordinator", "coordinator"
     if name in _CHROMIUM:
         return "Chromium", "e2e"
     return None
