@@ -303,7 +303,7 @@ def calibrate(conn: Connection, device: dict, profile: Optional[dict], *, probe:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text)[:120]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:120]
 
 
 def _probe_key(probe: str, threads: Optional[int]) -> str:
