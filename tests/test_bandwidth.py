@@ -207,3 +207,39 @@ def test_calibrate_command_fails_with_one_message(cache, monkeypatch):
     assert res.exit_code == 2 and "no nvcc on 'local'" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["calibrate", "local", "--runs", "2"])
     assert res.exit_code == 2 and "--runs" in res.output
+
+
+@pytest.mark.e2e
+def test_a_sweep_measures_its_ceiling_and_no_fraction_exceeds_one(tmp_path, llama_build, bundled_model):
+    """A real sweep on this machine with no bandwidth figure and no calibration: the first trial measures the
+    CPU read rate, the next one reuses it, and every finished run's fraction is <= 1 or carries the finding."""
+    from jbench import paths
+
+    from tests.conftest import jbench_cli
+
+    real, cache = paths.cache_dir(), tmp_path / "cache"
+    cache.mkdir()
+    for name in ("llama.cpp", "models", "model-facts", "digests.json"):  # the build and models, no calibration
+        if (real / name).exists():
+            (cache / name).symlink_to(real / name)
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "results"), "JBENCH_CACHE_DIR": str(cache)}
+    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,F16", "backend.n_prompt=16",
+                      "backend.n_gen=8", "backend.repetitions=2"], env_extra=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "runs.csv"
+    res = jbench_cli(["export", "--experiment", "quant_ladder", "--out", str(out)], env_extra=env)
+    assert res.returncode == 0, res.stderr
+    df = pd.read_csv(out).sort_values("start_time")
+    assert list(df["status"]) == ["FINISHED", "FINISHED"]
+    assert list(df["tags.roofline.bandwidth_source"]) == ["measured during the sweep (auto-calibration)",
+                                                         "jbench calibrate"]
+    assert set(df["tags.roofline.bandwidth_probe"]) == {"cpu"}
+    assert df["tags.roofline.bandwidth_method"].str.startswith("C read probe").all()
+    assert len(list((cache / "calibration" / "local").glob("cpu--*.json"))) == 1
+    finding = df.get("tags.finding.ceiling_below_measured", pd.Series([None] * len(df), index=df.index))
+    for fraction, ratio, found in zip(df["metrics.roofline_fraction"], df["metrics.roofline_measured_over_ceiling"],
+                                      finding):
+        if ratio <= 1.0:
+            assert fraction == pytest.approx(ratio) and pd.isna(found)
+        else:
+            assert pd.isna(fraction) and found.startswith("ceiling below measured")
