@@ -87,17 +87,19 @@ def test_the_c_probe_measures_this_machine(cache):
     """The shipped C probe, compiled with this machine's cc and run on all its cores, reads at a positive rate;
     its binary is reused by source and compiler version."""
     conn = LocalConnection("local")
-    cal = bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", size_mb=64, runs=3)
+    cal = bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", runs=3)  # sized by the LLC
     assert cal.method.startswith("C read probe") and "16-byte vector loads" in cal.method
     assert len(cal.runs) == 3 and min(cal.runs) > 0 and cal.threads >= 1
     assert cal.power_state.startswith("governor=")
     binaries = sorted(p.name for p in (cache / "probes").glob("cpu_read-*") if not p.suffix)
     assert len(binaries) == 1
-    bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", size_mb=64, threads=1, runs=3)
+    assert cal.size_mb >= 512 and cal.details["buffer_bytes"] == cal.size_mb << 20
+    bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", threads=1, runs=3)
     assert sorted(p.name for p in (cache / "probes").glob("cpu_read-*") if not p.suffix) == binaries
 
 
-def test_without_a_compiler_numpy_reads_in_threads(cache):
+def test_without_a_compiler_numpy_reads_in_threads(cache, monkeypatch):
+    monkeypatch.setattr(bwm, "last_level_cache_mb", lambda conn: 1.0)  # a small buffer is enough to test the path
     cal = bwm.calibrate(NoCompiler("local"), {"name": "local"}, None, probe="cpu", size_mb=32, threads=2, runs=3)
     assert cal.method == "numpy sum in 2 threads (no C compiler on the device)"
     assert min(cal.runs) > 0
@@ -243,3 +245,14 @@ def test_a_sweep_measures_its_ceiling_and_no_fraction_exceeds_one(tmp_path, llam
             assert fraction == pytest.approx(ratio) and pd.isna(found)
         else:
             assert pd.isna(fraction) and found.startswith("ceiling below measured")
+
+
+def test_cpu_buffer_must_dwarf_the_last_level_cache(cache, monkeypatch):
+    monkeypatch.setattr(bwm, "last_level_cache_mb", lambda conn: 256.0)
+    with pytest.raises(bwm.CalibrationError, match=r"under 8x the CPU's last-level cache \(256 MB\): pass --size-mb 2048"):
+        bwm.calibrate(LocalConnection("local"), {"name": "local"}, None, probe="cpu", size_mb=512)
+
+
+def test_last_level_cache_is_read_from_sysfs():
+    llc = bwm.last_level_cache_mb(LocalConnection("local"))
+    assert llc is None or llc > 0

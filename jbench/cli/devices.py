@@ -158,12 +158,13 @@ def doctor(device_name: str, config_dirs) -> None:
 @click.argument("device_name", metavar="DEVICE")
 @click.option("--probe", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto", show_default=True,
               help="cpu: all cores reading; gpu: a CUDA read kernel (built with the device's nvcc); "
-                   "auto: cpu, and gpu too where the device has nvcc.")
+                   "auto: cpu, and gpu too where it can run; both: cpu and gpu, failing if either cannot.")
 @click.option("--size-mb", type=click.IntRange(min=16), default=None,
-              help="Probe buffer (default 512 for cpu, 1024 for gpu); keep it far above the last-level cache.")
+              help="Probe buffer (default: 512 for cpu, or 8x the last-level cache if larger; 1024 for gpu).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU probe threads (default: the device's online cores); match backend.threads if you set it.")
-@click.option("--runs", type=click.IntRange(min=3, max=100), default=7, show_default=True)
+@click.option("--runs", type=click.IntRange(min=3, max=100), default=7, show_default=True,
+              help="Probe runs: median, min and spread over them; the ceiling is the best run.")
 @_config_dir_option
 def calibrate(device_name, probe, size_mb, threads, runs, config_dirs) -> None:
     """Measure the read bandwidth that decode's compute path achieves on DEVICE, for the roofline ceiling.

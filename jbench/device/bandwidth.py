@@ -238,9 +238,26 @@ print(json.dumps({"probe": "numpy-read", "threads": threads, "buffer_bytes": buf
 """
 
 
-def measure_cpu(conn: Connection, *, size_mb: int = DEFAULT_SIZE_MB[CPU], threads: Optional[int] = None,
+def last_level_cache_mb(conn: Connection) -> Optional[float]:
+    """The CPU's largest cache (sysfs, cpu0), in MiB; None where the kernel does not say."""
+    res = conn.run(["sh", "-c", 'cat /sys/devices/system/cpu/cpu0/cache/index*/size 2>/dev/null'], timeout=30)
+    sizes = []
+    for token in res.stdout.split():
+        m = re.fullmatch(r"(\d+)([KMG]?)", token.strip())
+        if m:
+            sizes.append(int(m.group(1)) / {"": 2**20, "K": 2**10, "M": 1, "G": 1 / 2**10}[m.group(2)])
+    return max(sizes) if sizes else None
+
+
+def measure_cpu(conn: Connection, *, size_mb: Optional[int] = None, threads: Optional[int] = None,
                 runs: int = DEFAULT_RUNS) -> tuple[list[float], str, int, dict[str, Any]]:
     """(GB/s of each run, method, threads, details) of a multi-threaded read on the device's CPU."""
+    llc = last_level_cache_mb(conn)
+    if size_mb is None:
+        size_mb = max(DEFAULT_SIZE_MB[CPU], int(MIN_BUFFER_OVER_L2 * llc) if llc else 0)
+    elif llc and size_mb < MIN_BUFFER_OVER_L2 * llc:
+        raise CalibrationError(f"the probe buffer ({size_mb} MB) is under {MIN_BUFFER_OVER_L2}x the CPU's last-level "
+                               f"cache ({llc:g} MB): pass --size-mb {int(MIN_BUFFER_OVER_L2 * llc)} or more")
     cc = _first_tool(conn, ["cc", "gcc", "clang"])
     args = [str(int(size_mb)), str(int(threads or 0)), str(int(runs))]
     if cc:
@@ -255,7 +272,8 @@ def measure_cpu(conn: Connection, *, size_mb: int = DEFAULT_SIZE_MB[CPU], thread
                                    f"with numpy; or install gcc): {res.stderr.strip()[-300:]}")
         out = json.loads(res.stdout.strip().splitlines()[-1])
         method = f"numpy sum in {out['threads']} threads (no C compiler on the device)"
-    return [float(x) for x in out["read_gbs"]], method, int(out["threads"]), {"buffer_bytes": out["buffer_bytes"]}
+    return ([float(x) for x in out["read_gbs"]], method, int(out["threads"]),
+            {"buffer_bytes": out["buffer_bytes"], "last_level_cache_mb": llc})
 
 
 def measure_gpu(conn: Connection, *, size_mb: int = DEFAULT_SIZE_MB[GPU], runs: int = DEFAULT_RUNS
@@ -283,14 +301,15 @@ def calibrate(conn: Connection, device: dict, profile: Optional[dict], *, probe:
     """Measure the device's read bandwidth with one probe, in its current power state."""
     if runs < 3:
         raise CalibrationError(f"--runs {runs}: at least 3 runs are needed for a spread")
-    size_mb = int(size_mb or DEFAULT_SIZE_MB[probe])
     state = power_state(conn, device, profile)
     copy: list[float] = []
     if probe == GPU:
+        size_mb = int(size_mb or DEFAULT_SIZE_MB[GPU])
         rates, copy, method, details = measure_gpu(conn, size_mb=size_mb, runs=runs)
         used_threads = None
     else:
         rates, method, used_threads, details = measure_cpu(conn, size_mb=size_mb, threads=threads, runs=runs)
+        size_mb = details["buffer_bytes"] >> 20
     if not rates or min(rates) <= 0:
         raise CalibrationError(f"the {probe} probe on '{conn.name}' reported no positive rate: {rates}")
     return Calibration(device=device.get("name", conn.name), probe=probe, power_state=state, method=method,
