@@ -67,6 +67,9 @@ class DeviceConfig:
     jump: Optional[str] = nonident(None)
     # Memory bandwidth you measured (GB/s); overrides jbench calibrate and the profile datasheet figure.
     bandwidth_gbs: Optional[float] = nonident(None)
+    # Without bandwidth_gbs and without a `jbench calibrate` result for the trial's probe (CPU or GPU read)
+    # and power state, measure one during the sweep (once per device, probe and state; a few seconds).
+    auto_calibrate: bool = nonident(True)
     # Name of an environment variable holding the sudo password (passwordless sudoers is preferred).
     sudo_password_env: Optional[str] = nonident(None)
     paths: DevicePaths = nonident(default_factory=DevicePaths)

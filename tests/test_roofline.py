@@ -163,6 +163,7 @@ def test_regime_labels():
     assert rl.regime_label(30, 100) == "memory-bound, below roofline"
     assert rl.regime_label(0.2, 10) == "far below roofline (overheads)"
     assert rl.regime_label(150, 100) == rl.LABEL_ABOVE_CEILING
+    assert rl.regime_label(101, 100) == rl.LABEL_ABOVE_CEILING and rl.regime_label(100, 100) == "near-roofline"
     assert rl.NEAR_ROOFLINE_FRACTION == 0.7 and rl.MEMORY_BOUND_FRACTION == 0.3
     with pytest.raises(RooflineError):
         rl.regime_label(10, 0)

@@ -153,25 +153,52 @@ def doctor(device_name: str, config_dirs) -> None:
         raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
 
 
-
 @main.command()
 @common_options(results_dir=False)
 @click.argument("device_name", metavar="DEVICE")
-@click.option("--size-mb", type=int, default=512, show_default=True)
+@click.option("--probe", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto", show_default=True,
+              help="cpu: all cores reading; gpu: a CUDA read kernel (built with the device's nvcc); "
+                   "auto: cpu, and gpu too where it can run; both: cpu and gpu, failing if either cannot.")
+@click.option("--size-mb", type=click.IntRange(min=16), default=None,
+              help="Probe buffer (default: 512 for cpu, or 8x the last-level cache if larger; 1024 for gpu).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU probe threads (default: the device's online cores); match backend.threads if you set it.")
+@click.option("--runs", type=click.IntRange(min=3, max=100), default=7, show_default=True,
+              help="Probe runs: median, min and spread over them; the ceiling is the best run.")
 @_config_dir_option
-def calibrate(device_name, size_mb, config_dirs) -> None:
-    """Measure achievable memory bandwidth on DEVICE (numpy copy on the device's CPU) for the roofline."""
-    from jbench.device.connection import DeviceError
+def calibrate(device_name, probe, size_mb, threads, runs, config_dirs) -> None:
+    """Measure the read bandwidth that decode's compute path achieves on DEVICE, for the roofline ceiling.
+
+    The result is kept per device, probe and power state (nvpmodel mode and jetson_clocks on a Jetson, the
+    CPU governor elsewhere); sweeps use the one matching each trial."""
+    from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
     from jbench.device.connect import connect
-    from jbench.device.bandwidth import measure_bandwidth, save_calibration
+    from jbench.device.connection import DeviceError
 
     device, profile, _ = _device_config(device_name, config_dirs)
+    probes = {"auto": [CPU, GPU], "both": [CPU, GPU], "cpu": [CPU], "gpu": [GPU]}[probe]
+    done = 0
     try:
         with connect(device) as conn:
-            gbs = measure_bandwidth(conn, size_mb)
-    except (DeviceError, ValueError) as exc:
+            for p in probes:
+                try:
+                    cal = measure(conn, device, profile, probe=p, size_mb=size_mb,
+                                  threads=threads if p == CPU else None, runs=runs)
+                except CalibrationError as exc:
+                    if probe == "auto" and p == GPU:
+                        # auto: the GPU probe only where the device has a usable CUDA GPU.
+                        console.print(f"{device_name}: no GPU read probe here ({exc})", markup=False, highlight=False)
+                        continue
+                    raise _fail(str(exc)) from None
+                path = save_calibration(cal, threads_key=threads if p == CPU else None)
+                done += 1
+                console.print(f"{device_name} ({p} probe, {cal.power_state}): {cal.summary()}\n"
+                              f"  method: {cal.method}\n  saved to {path}", markup=False, highlight=False)
+                if cal.spread > NOISY_SPREAD:
+                    console.print(f"  the runs spread {cal.spread:.0%} (over {NOISY_SPREAD:.0%}): something else "
+                                  "was using the memory; run it again on an idle device", markup=False, highlight=False)
+    except DeviceError as exc:
         raise _fail(str(exc)) from None
-    path = save_calibration(device_name, gbs)
-    note = f" (datasheet {profile['memory_bandwidth_gbs']:g} GB/s)" if profile else ""
-    console.print(f"{device_name}: {gbs:.1f} GB/s achievable (CPU copy){note}; saved to {path}", highlight=False)
-
+    if profile and done:
+        console.print(f"  datasheet: {profile['memory_bandwidth_gbs']:g} GB/s ({profile['name']})", markup=False,
+                      highlight=False)

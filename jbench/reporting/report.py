@@ -57,6 +57,9 @@ DECODE, PREFILL = "metrics.decode_tps", "metrics.prefill_tps"
 POWER_W = "metrics.decode_avg_power_w"
 ROOFLINE = "metrics.roofline_decode_tps"
 ROOFLINE_FRACTION = "metrics.roofline_fraction"
+# Recorded only where decode beat its ceiling (roofline_fraction is then left out), with the finding.
+CEILING_FINDING = "tags.finding.ceiling_below_measured"
+ABOVE_CEILING_RATIO = "metrics.roofline_measured_over_ceiling"
 # Settings that tell configurations apart in a plot's legend (when they vary within the data).
 SERIES_KEYS = (DEVICE, "params.model.name", QUANT_P, DEPTH, KV_K, KV_V, POWER_MODE, "params.backend.n_gen",
                "params.backend.n_prompt", "params.backend.n_gpu_layers", "params.backend.flash_attn",
@@ -233,6 +236,29 @@ def _roofline_proxy():
     return (Line2D([], [], color="grey", linestyle="--"), "roofline ceiling (dashed, same colour)")
 
 
+ABOVE_CEILING_TEXT = ("above its ceiling (finding ceiling_below_measured: calibration wrong or cache-resident "
+                      "model)")
+
+
+def _above_ceiling_proxy():
+    from matplotlib.lines import Line2D
+
+    return (Line2D([], [], color="red", marker="x", linestyle="none", markersize=9), ABOVE_CEILING_TEXT)
+
+
+def _mark_above_ceiling(ax, x: pd.Series, decode: pd.Series, ceiling: pd.Series) -> int:
+    """Cross out each point whose decode rate is above its roofline ceiling; how many there were."""
+    above = ceiling.notna() & (decode > ceiling)
+    if above.any():
+        ax.plot(x[above], decode[above], linestyle="none", marker="x", color="red", markersize=11, mew=2, zorder=5)
+    return int(above.sum())
+
+
+def _ceiling_note(n_above: int) -> str:
+    return (f" {n_above} point(s) {ABOVE_CEILING_TEXT}, crossed out in red: a ceiling must not be beaten."
+            if n_above else "")
+
+
 def _bpw_ticks(ax, table: pd.DataFrame) -> None:
     """x ticks at each bits-per-weight value, labelled with the quants there."""
     names: dict[float, list[str]] = {}
@@ -297,8 +323,13 @@ def _overview(df: pd.DataFrame, trials: pd.DataFrame) -> _Section:
                 f"sweep(s): {len(sweeps)}" + (f"; from {t0:%Y-%m-%d %H:%M} to {t1:%Y-%m-%d %H:%M} UTC" if t0 is not None and pd.notna(t0) else ""))
     cols = ["tags.jbench.sweep_id", "tags.jbench.trial_label", DEVICE, QUANT_P, DEPTH, KV_K, POWER_MODE,
             DECODE, "metrics.decode_tps_std", PREFILL, "metrics.prefill_tps_std", _tpj_column(trials) or "",
-            ROOFLINE, ROOFLINE_FRACTION, "tags.roofline.regime", "status", "tags.jbench.failure_reason"]
+            ROOFLINE, ROOFLINE_FRACTION, ABOVE_CEILING_RATIO, "tags.roofline.regime", "status",
+            "tags.jbench.failure_reason"]
     cols = [c for c in cols if c and c in trials.columns and trials[c].notna().any()]
+    if CEILING_FINDING in trials.columns and trials[CEILING_FINDING].notna().any():
+        sec.text += (f". {int(trials[CEILING_FINDING].notna().sum())} run(s) decoded faster than their roofline "
+                     f"ceiling (finding ceiling_below_measured: calibration wrong or cache-resident model; their "
+                     f"roofline_fraction is left out, the ratio is roofline_measured_over_ceiling)")
     table = trials[cols].copy()
     if len(table) > 500:
         sec.text += f". The table lists the newest 500 of {len(table)} runs"
@@ -339,7 +370,7 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
     has_tpj = agg["tokens_per_joule"].notna().any()
     fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 5.0 + 0.18 * len(series)))
     ax = axes[0]
-    any_roof = False
+    any_roof, n_above = False, 0
     for i, (key, g) in enumerate(series):
         color = f"C{i % 10}"
         ax.errorbar(g["bits_per_weight"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o",
@@ -348,6 +379,7 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
         if len(roof):
             any_roof = True
             ax.plot(roof["bits_per_weight"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
+            n_above += _mark_above_ceiling(ax, g["bits_per_weight"], g["decode_tps"], g["roofline_decode_tps"])
         if has_tpj:
             t = g.dropna(subset=["tokens_per_joule"])
             if len(t):
@@ -361,13 +393,14 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
         a.set_xlabel("bits per weight (dominant ggml type)")
         a.grid(alpha=0.3)
         _bpw_ticks(a, agg)
-    _legend(fig, axes, [_roofline_proxy()] if any_roof else [])
+    _legend(fig, axes, ([_roofline_proxy()] if any_roof else []) + ([_above_ceiling_proxy()] if n_above else []))
     sec.figures.append(("quant_ladder", _png(fig)))
     table = agg.rename(columns={"_quant": "quant"}).sort_values(keys + ["bits_per_weight"])
     table = table.dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per quant; err = standard deviation of repetitions", _rename_for_table(table)))
     if unknown:
         sec.text = f"Quants without a known bits-per-weight figure, left out: {', '.join(sorted(unknown))}."
+    sec.text = (sec.text + _ceiling_note(n_above)).strip()
     return sec
 
 
@@ -392,7 +425,7 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
     groups = sorted(groups, key=lambda kg: -len(kg[1]))[:MAX_SERIES]
     has_prefill = "prefill_tps" in agg.columns and agg["prefill_tps"].notna().any()
     fig, axes = _figure(1, 2 if has_prefill else 1, size=(11.0 if has_prefill else 8.0, 5.0 + 0.18 * len(groups)))
-    any_roof = False
+    any_roof, n_above = False, 0
     for i, (key, g) in enumerate(groups):
         color = f"C{i % 10}"
         label = f"KV {key[0]}" + (f", {_series_label(keys, key[1:])}" if keys else "")
@@ -402,6 +435,7 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
         if len(roof):
             any_roof = True
             axes[0].plot(roof["_depth"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
+            n_above += _mark_above_ceiling(axes[0], g["_depth"], g["decode_tps"], g["roofline_decode_tps"])
         if has_prefill:
             axes[1].errorbar(g["_depth"], g["prefill_tps"], yerr=g["prefill_tps_err"].fillna(0), marker="o",
                              color=color, capsize=3, label=label)
@@ -410,8 +444,9 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
         ax.set_ylabel(f"{what} tok/s")
         ax.set_title(f"{what} speed vs context depth")
         ax.grid(alpha=0.3)
-    _legend(fig, axes, [_roofline_proxy()] if any_roof else [])
+    _legend(fig, axes, ([_roofline_proxy()] if any_roof else []) + ([_above_ceiling_proxy()] if n_above else []))
     sec.figures.append(("context_scaling", _png(fig)))
+    sec.text = (sec.text + _ceiling_note(n_above)).strip()
     table = agg.rename(columns={"_kv": "kv_type", "_depth": "depth"}).dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per depth and KV type", _rename_for_table(table)))
     return sec

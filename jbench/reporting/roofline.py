@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 from jbench.analysis.roofline import (
+    LABEL_ABOVE_CEILING,
     RooflineError,
     decode_ceiling,
     flops_per_token,
@@ -17,43 +18,75 @@ from jbench.analysis.roofline import (
     regime_label,
     weight_bytes_per_token,
 )
-from jbench.device.bandwidth import device_bandwidth
+from jbench.device.bandwidth import Bandwidth, device_bandwidth
 from jbench.models.facts import read_gguf_header
+from jbench.results import Finding, Result
 
-def trial_roofline(config: dict, decode_tps: Optional[float]) -> tuple[dict[str, float], dict[str, str]]:
-    """roofline_* metrics and tags for a trial whose model file is readable on this machine."""
+
+CEILING_BELOW_MEASURED = "ceiling_below_measured"
+
+
+def ceiling_finding(decode_tps: float, ceiling_tps: float, bandwidth: Bandwidth, bytes_per_token: float) -> Finding:
+    """A decode rate above its bandwidth ceiling: the ceiling is wrong (a calibration that measured less than
+    the compute path reads, a datasheet figure for another state) or the model sits in a cache."""
+    return Finding(CEILING_BELOW_MEASURED, "ceiling below measured: calibration wrong or cache-resident model", {
+        "decode_tps": decode_tps, "ceiling_tps": ceiling_tps, "measured_over_ceiling": decode_tps / ceiling_tps,
+        "bandwidth_gbs": bandwidth.gbs, "bandwidth_source": bandwidth.source,
+        "bandwidth_method": bandwidth.calibration.method if bandwidth.calibration else None,
+        "bytes_per_token": bytes_per_token,
+        "implied_read_gbs": decode_tps * bytes_per_token / 1e9})
+
+
+def trial_roofline(config: dict, decode_tps: Optional[float],
+                   bandwidth: Union[Bandwidth, Callable[[], Bandwidth]]) -> Result:
+    """roofline_* metrics, tags and the ceiling finding for a trial whose model file is readable here.
+
+    bandwidth may be a function, called only once the model file is known to be readable (it may measure).
+    roofline_fraction is decode / ceiling when that is at most 1; above 1 the ratio is only recorded as
+    roofline_measured_over_ceiling, with the finding ceiling_below_measured."""
     from jbench.models.store import ModelError, resolve_model_file
 
     try:
         path, _ = resolve_model_file(config["model"])
     except ModelError as exc:
-        return {}, {"roofline.status": str(exc)}
+        return Result(tags={"roofline.status": str(exc)})
     if not Path(path).is_file():
-        return {}, {"roofline.status": f"model file {path} is not on this machine (remote device): no tensor table"}
-    bw, source = device_bandwidth(config["device"], config.get("profile"))
+        return Result(tags={"roofline.status": f"model file {path} is not on this machine (remote device): "
+                                               "no tensor table"})
     try:
         model = read_gguf_header(path)
     except RooflineError as exc:
-        return {}, {"roofline.status": str(exc)}
+        return Result(tags={"roofline.status": str(exc)})
+    bw = bandwidth() if callable(bandwidth) else bandwidth
     backend = config["backend"]
     weights = weight_bytes_per_token(model).total
     kv_tok = kv_bytes_per_token(model.arch, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
     depth = int(backend.get("depth", 0))
     kv = kv_bytes_at_depth(model.arch, depth, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
-    metrics = {"roofline_weight_bytes_per_token": weights, "roofline_kv_bytes_per_token": kv_tok,
-               "roofline_bytes_per_token": weights + kv.swa_aware}
-    tags = {"roofline.bandwidth_source": source}
-    if bw is None:
-        tags["roofline.status"] = source
-        return metrics, tags
-    result = decode_ceiling(weights, kv_tok, depth, bw * 1e9, kv_bytes_read=kv.swa_aware)
-    metrics["roofline_bandwidth_gbs"] = bw
-    metrics["roofline_decode_tps"] = result.ceiling_tps
+    total = weights + kv.swa_aware
+    out = Result(metrics={"roofline_weight_bytes_per_token": weights, "roofline_kv_bytes_per_token": kv_tok,
+                          "roofline_bytes_per_token": total}, tags=bw.tags())
+    if bw.gbs is None:
+        out.tags["roofline.status"] = bw.source
+        return out
+    result = decode_ceiling(weights, kv_tok, depth, bw.gbs * 1e9, kv_bytes_read=kv.swa_aware)
+    out.metrics["roofline_bandwidth_gbs"] = bw.gbs
+    out.metrics["roofline_decode_tps"] = result.ceiling_tps
+    if bw.calibration is not None:
+        cal = bw.calibration
+        out.metrics.update({"roofline_bandwidth_median_gbs": cal.median, "roofline_bandwidth_min_gbs": cal.min,
+                            "roofline_bandwidth_spread": cal.spread})
     if decode_tps and not math.isnan(decode_tps):
-        metrics["roofline_fraction"] = decode_tps / result.ceiling_tps
-        tags["roofline.regime"] = regime_label(decode_tps, result.ceiling_tps)
-    tags["roofline.status"] = "ok"
-    return metrics, tags
+        ratio = decode_tps / result.ceiling_tps
+        out.metrics["roofline_measured_over_ceiling"] = ratio
+        if ratio <= 1.0:
+            out.metrics["roofline_fraction"] = ratio
+            out.tags["roofline.regime"] = regime_label(decode_tps, result.ceiling_tps)
+        else:
+            out.tags["roofline.regime"] = LABEL_ABOVE_CEILING
+            out.findings.append(ceiling_finding(decode_tps, result.ceiling_tps, bw, total))
+    out.tags["roofline.status"] = "ok"
+    return out
 
 
 def roofline_figures(model: str, *, quant: Optional[str] = None, depth: int = 0, kv_type: str = "f16",
@@ -80,9 +113,10 @@ def roofline_figures(model: str, *, quant: Optional[str] = None, depth: int = 0,
         cfg, _ = compose([f"device={device_name}"], dirs)
         device = OmegaConf.to_container(cfg.device, resolve=True)
         profile = load_profile(device["profile"], dirs) if device.get("profile") else None
-        bandwidth_gbs, source = device_bandwidth(device, profile)
-        if bandwidth_gbs is None:
-            raise ValueError(source)
+        bw = device_bandwidth(device, profile)
+        if bw.gbs is None:
+            raise ValueError(bw.source)
+        bandwidth_gbs, source = bw.gbs, bw.source
     m = read_gguf_header(path)
     weights = weight_bytes_per_token(m)
     kv_tok = kv_bytes_per_token(m.arch, kv_type, kv_type)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from jbench.analysis.stats import describe
+from jbench.device.bandwidth import Bandwidth, trial_bandwidth
 from jbench.reporting.roofline import trial_roofline
 from jbench.results import BackendResult, Result
 from jbench.sweeps.context import TrialContext
@@ -54,8 +55,17 @@ class Roofline(Stage):
         return ctx.backend_result is not None
 
     def run(self, ctx: TrialContext) -> None:
-        metrics, tags = trial_roofline(ctx.trial.config, ctx.record.metrics.get("decode_tps"))
-        ctx.record.merge(Result(metrics=metrics, tags=tags))
+        config = ctx.trial.config
+        reported = ctx.backend_result.info.get("backends") if ctx.backend_result else None
+
+        def bandwidth() -> Bandwidth:
+            # The read rate of this trial's compute path in the state the trial ran in; measured once per
+            # (device, probe, power state) when no calibration matches (device.auto_calibrate).
+            return trial_bandwidth(ctx.conn, config["device"], config.get("profile"), config["backend"],
+                                   str(reported) if reported else None,
+                                   auto_calibrate=bool(config["device"].get("auto_calibrate", True)))
+
+        ctx.record.merge(trial_roofline(config, ctx.record.metrics.get("decode_tps"), bandwidth))
 
 
 class Noise(Stage):
