@@ -13,6 +13,7 @@ interval over the pairs, the median, and the share of pairs in which sampling wa
 (issue 13) is |slowdown| <= 0.5 %: "met" only when the whole interval lies above -0.5 %.
 
     .venv/bin/python bench/sampler_perturbation.py [--pairs 20] [--n-gen 64] [--reps 3] [--json OUT]
+        [--bin-dir DIR --model FILE]   (another llama.cpp build and GGUF, e.g. on a machine without `jbench setup`)
 
 Run it on a quiet machine; it says how many CPUs it had and their load before it started.
 """
@@ -58,10 +59,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--interval-ms", type=int, default=10)
     ap.add_argument("--quant", default="Q4_0")
+    ap.add_argument("--bin-dir", help="llama.cpp's bin directory (default: the build of `jbench setup`)")
+    ap.add_argument("--model", help="a GGUF file (default: the bundled model at --quant)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    bin_dir = active_build()["bin_dir"]
-    model = load_manifest("gemma3_270m")["files"][args.quant]["path"]
+    bin_dir = args.bin_dir or active_build()["bin_dir"]
+    model = args.model or load_manifest("gemma3_270m")["files"][args.quant]["path"]
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": os.getloadavg()}
     print(f"machine: {machine}", flush=True)
     with tempfile.TemporaryDirectory() as root:
@@ -90,7 +93,7 @@ def main() -> None:
     verdict = "met" if lo >= -TARGET_PCT else ("not met" if hi < -TARGET_PCT else "not shown (interval too wide)")
     figures = {
         "machine": machine, "command": " ".join(sys.argv), "sampler": f"sysfs hwmon reader at {args.interval_ms} ms",
-        "workload": f"llama-bench -p 0 -n {args.n_gen} -r {args.reps} ({args.quant})",
+        "workload": f"llama-bench -p 0 -n {args.n_gen} -r {args.reps} ({Path(model).name})",
         "sampler_samples_per_s_median": round(statistics.median(samples_per_s), 1),
         "decode_tps_with": [round(x, 3) for x in with_s], "decode_tps_without": [round(x, 3) for x in without],
         "difference_pct": [round(x, 3) for x in diffs],
