@@ -45,10 +45,11 @@ from tests.sysfs_layouts import build  # noqa: E402
 TARGET_PCT = 0.5
 
 
-def decode_tps(bin_dir: str, model: str, n_gen: int, reps: int) -> float:
+def decode_tps(bin_dir: str, model: str, n_gen: int, reps: int, threads: int = 0) -> float:
     """Mean decode tok/s of one llama-bench run (its own per-repetition timings)."""
-    out = subprocess.run([f"{bin_dir}/llama-bench", "-m", model, "-p", "0", "-n", str(n_gen), "-r", str(reps),
-                          "-o", "jsonl"], capture_output=True, text=True, check=True).stdout
+    argv = [f"{bin_dir}/llama-bench", "-m", model, "-p", "0", "-n", str(n_gen), "-r", str(reps), "-o", "jsonl"]
+    out = subprocess.run(argv + (["-t", str(threads)] if threads else []), capture_output=True, text=True,
+                         check=True).stdout
     return statistics.fmean(parse_output(out)[0]["decode"].samples_tps)
 
 
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--interval-ms", type=int, default=10)
     ap.add_argument("--quant", default="Q4_0")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="llama-bench -t (default: its own, all cores; fewer leaves cores free, as GPU decode does)")
     ap.add_argument("--bin-dir", help="llama.cpp's bin directory (default: the build of `jbench setup`)")
     ap.add_argument("--model", help="a GGUF file (default: the bundled model at --quant)")
     ap.add_argument("--json", type=Path)
@@ -69,20 +72,20 @@ def main() -> None:
     print(f"machine: {machine}", flush=True)
     with tempfile.TemporaryDirectory() as root:
         build(Path(root), "orin_nano_jp6")
-        decode_tps(bin_dir, model, args.n_gen, 1)  # warm the page cache and the CPU before the first pair
+        decode_tps(bin_dir, model, args.n_gen, 1, args.threads)  # warm the page cache and the CPU before the first pair
         with_s: list[float] = []
         without: list[float] = []
         samples_per_s: list[float] = []
         for i in range(args.pairs):
             for sampling in ((True, False) if i % 2 == 0 else (False, True)):
                 if not sampling:
-                    without.append(decode_tps(bin_dir, model, args.n_gen, args.reps))
+                    without.append(decode_tps(bin_dir, model, args.n_gen, args.reps, args.threads))
                     continue
                 sampler = SysfsSampler(LocalConnection(), args.interval_ms, sysfs_root=root).start()
                 if not sampler.wait_for_samples(5, timeout_s=10):
                     raise SystemExit(f"the sampler gave no samples: {sampler.problem}")
                 t0, n0 = time.monotonic(), len(sampler.samples)
-                with_s.append(decode_tps(bin_dir, model, args.n_gen, args.reps))
+                with_s.append(decode_tps(bin_dir, model, args.n_gen, args.reps, args.threads))
                 samples_per_s.append((len(sampler.samples) - n0) / (time.monotonic() - t0))
                 sampler.stop()
             d = 100 * (with_s[-1] / without[-1] - 1)
@@ -93,7 +96,10 @@ def main() -> None:
     verdict = "met" if lo >= -TARGET_PCT else ("not met" if hi < -TARGET_PCT else "not shown (interval too wide)")
     figures = {
         "machine": machine, "command": " ".join(sys.argv), "sampler": f"sysfs hwmon reader at {args.interval_ms} ms",
-        "workload": f"llama-bench -p 0 -n {args.n_gen} -r {args.reps} ({Path(model).name})",
+        "workload": f"llama-bench -p 0 -n {args.n_gen} -r {args.reps}{f' -t {args.threads}' if args.threads else ''} "
+                    f"({Path(model).name})",
+        "cv_pct_with": round(100 * statistics.stdev(with_s) / statistics.fmean(with_s), 2),
+        "cv_pct_without": round(100 * statistics.stdev(without) / statistics.fmean(without), 2),
         "sampler_samples_per_s_median": round(statistics.median(samples_per_s), 1),
         "decode_tps_with": [round(x, 3) for x in with_s], "decode_tps_without": [round(x, 3) for x in without],
         "difference_pct": [round(x, 3) for x in diffs],
