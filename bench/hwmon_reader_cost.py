@@ -4,7 +4,8 @@ Builds a hwmon-like tree (the Orin Nano JP6 layout of tests/data/sysfs/layouts.y
 rails, soctherm_oc, four thermal zones, GPU devfreq, two cpufreq), runs the reader exactly as the sysfs source
 does (`python3 -c HWMON_READER ROOT 10 100`), drains its output as the controller would, and reads the
 reader's utime+stime from /proc/<pid>/stat after a warm-up and again after --seconds: % of one core and
-CPU time per sample and per attribute read. Start-up (interpreter, discovery) is excluded.
+CPU time per sample and per attribute read. Start-up (interpreter, discovery) is excluded. Each run alternates
+with an empty Python loop waking at the same interval: the timer wake-ups' own cost, which the reader cannot avoid.
 
     .venv/bin/python bench/hwmon_reader_cost.py [--seconds 30] [--interval-ms 10] [--runs 3] [--json OUT]
 
@@ -74,6 +75,33 @@ def one_run(root: Path, seconds: float, interval_ms: int, slow_ms: int) -> dict:
             "fast_files": fast_reads, "slow_files": slow_reads}
 
 
+# The same interpreter waking at the same interval and doing nothing else: the floor any 100 Hz sampler pays for
+# its timer wake-ups (on a VM each one is a costly exit to the hypervisor; on bare metal it is far cheaper).
+_IDLE_LOOP = r"""
+import sys, time
+interval = float(sys.argv[1]) / 1000.0
+next_t = time.monotonic()
+while True:
+    next_t += interval
+    d = next_t - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+"""
+
+
+def idle_loop_cost(seconds: float, interval_ms: int) -> dict:
+    proc = subprocess.Popen([sys.executable, "-c", _IDLE_LOOP, str(interval_ms)])
+    try:
+        time.sleep(2.0)
+        c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = cpu_seconds(proc.pid), time.monotonic()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return {"wall_s": t1 - t0, "cpu_s": c1 - c0, "pct_of_one_core": 100.0 * (c1 - c0) / (t1 - t0)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -84,13 +112,18 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp), "orin_nano_jp6")
-        runs = [one_run(Path(tmp), args.seconds, args.interval_ms, args.slow_ms) for _ in range(args.runs)]
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
+        runs, idle = [], []
+        for _ in range(args.runs):  # alternating, so a change in the machine's load falls on both
+            runs.append(one_run(Path(tmp), args.seconds, args.interval_ms, args.slow_ms))
+            idle.append(idle_loop_cost(args.seconds, args.interval_ms))
+    out = {"idle_loop_runs": idle, "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
            "python": platform.python_version(), "tick_hz": TICK, "interval_ms": args.interval_ms,
            "slow_ms": args.slow_ms, "seconds": args.seconds, "runs": runs}
     for r in runs:
         print(f"{r['rate_hz']:.1f} Hz  {r['pct_of_one_core']:.2f} % of one core  {r['us_per_sample']:.0f} us/sample  "
               f"{r['us_per_read']:.1f} us/read ({r['cpu_s']:.2f} s CPU in {r['wall_s']:.1f} s)")
+    for r in idle:
+        print(f"an empty loop waking every {args.interval_ms} ms: {r['pct_of_one_core']:.2f} % of one core")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
