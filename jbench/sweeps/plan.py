@@ -488,14 +488,17 @@ def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> li
 
 
 def _registered_names_problems(config: dict) -> list[str]:
-    """Names that select a plug-in (telemetry.source) must name a registered one."""
+    """Names that select a plug-in (telemetry.source) must name a registered one; a wall meter section must be usable."""
     from jbench import registry
 
     source = (config.get("telemetry") or {}).get("source")
     sources = registry.targets(registry.SAMPLERS)
     if source is not None and source not in sources:
         return [f"unknown telemetry.source '{source}'. Valid sources: {', '.join(sorted(sources))}"]
-    return []
+    from jbench.device.telemetry.wall import wall_power_problem
+
+    wall = wall_power_problem(config.get("wall_power"))
+    return [wall] if wall else []
 
 
 def _capability_problems(cls, config: dict) -> list[str]:

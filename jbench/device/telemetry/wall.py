@@ -524,3 +524,16 @@ def make_wall_sampler(section: dict) -> Optional[WallSampler]:
     if not section.get("port"):
         raise WallMeterError("wall_power.source=ptdaemon needs wall_power.port (PTDaemon's -p port)")
     return PtdSampler(host, int(section["port"]), interval_ms, max(timeout_s, 5.0))
+
+
+def wall_power_problem(section: Optional[dict]) -> Optional[str]:
+    """Why a wall_power section cannot work, found without reaching the meter (None: it can). Planning calls
+    this, so a bad section stops the sweep before any device is touched."""
+    try:
+        make_wall_sampler(dict(section or {}))
+    except WallMeterError as exc:
+        return str(exc)
+    except (TypeError, ValueError) as exc:  # a port or interval that is not a number
+        return f"wall_power: {exc}"
+    return None
+
