@@ -47,3 +47,31 @@ def test_sysfs_source_records_rails_sensor_settings_and_oc_events(emulated_jetso
             assert m["decode_oc3_events"] > 0 and "throttling" in codes, sorted((k, v) for k, v in m.items() if "oc" in k or "window" in k or "temp" in k)
         else:
             assert m["decode_oc3_events"] == 0 and "throttling" not in codes
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("module, rails, rule", [
+    ("thor", "VIN", "board input VIN (INA238)"),
+    ("agx_orin", "VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO",
+     "module rails sum (AGX Orin): VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO"),
+])
+def test_sysfs_source_picks_the_rule_of_each_module_from_its_real_files(emulated_jetson_factory, module, rails, rule):
+    from jbench.device.connect import connect
+    from jbench.device.telemetry.hwmon import SysfsSampler
+
+    from .test_ssh_devices import device_cfg
+
+    emu = emulated_jetson_factory(module, real_paths=True)
+    with connect(device_cfg(emu)) as conn:
+        sampler = SysfsSampler(conn, 10).start()
+        try:
+            assert sampler.wait_for_samples(20, timeout_s=30), sampler.problem
+        finally:
+            samples = sampler.stop()
+        tags = sampler.telemetry_tags()
+    assert tags["telemetry.power_rails"] == rails and tags["telemetry.power_rule"] == rule
+    assert all(s["power_w"] > 0 for s in samples)
+    # Thor's VIN is the carrier's INA238, beside the module's INA3221 rails; AGX Orin's NC channels are no rails.
+    assert not any(k.startswith("rail_NC") for s in samples for k in s)
+    if module == "thor":
+        assert all(s["power_w"] > s["rail_VDD_GPU_w"] for s in samples)
