@@ -5,7 +5,8 @@ rails, soctherm_oc, four thermal zones, GPU devfreq, two cpufreq), runs the read
 does (`python3 -c HWMON_READER ROOT 10 100`), drains its output as the controller would, and reads the
 reader's utime+stime from /proc/<pid>/stat after a warm-up and again after --seconds: % of one core and
 CPU time per sample and per attribute read. Start-up (interpreter, discovery) is excluded. Each run alternates
-with an empty Python loop waking at the same interval: the timer wake-ups' own cost, which the reader cannot avoid.
+with the compiled loop (jbench/device/probes/hwmon_loop.c, which the sysfs source runs when the device has a C
+compiler) and with an empty Python loop waking at the same interval: the timer wake-ups' own cost.
 
     .venv/bin/python bench/hwmon_reader_cost.py [--seconds 30] [--interval-ms 10] [--runs 3] [--json OUT]
 
@@ -29,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jbench.device import ondevice  # noqa: E402
+from jbench.device.local import LocalConnection  # noqa: E402
 from jbench.device.telemetry.hwmon import HWMON_READER  # noqa: E402
 from tests.sysfs_layouts import build  # noqa: E402
 
@@ -41,9 +44,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def one_run(root: Path, seconds: float, interval_ms: int, slow_ms: int) -> dict:
-    proc = subprocess.Popen([sys.executable, "-c", HWMON_READER, str(root), str(interval_ms), str(slow_ms)],
-                            stdout=subprocess.PIPE, text=True)
+def one_run(root: Path, seconds: float, interval_ms: int, slow_ms: int, loop: str | None = None) -> dict:
+    # With `loop`, the reader execs the compiled loop after discovery (same pid), as the sysfs source runs it.
+    proc = subprocess.Popen([sys.executable, "-c", HWMON_READER, str(root), str(interval_ms), str(slow_ms),
+                             *([loop] if loop else [])], stdout=subprocess.PIPE, text=True)
     lines: list[str] = []
     header: dict = {}
 
@@ -112,16 +116,22 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp), "orin_nano_jp6")
-        runs, idle = [], []
-        for _ in range(args.runs):  # alternating, so a change in the machine's load falls on both
+        loop, flags = ondevice.build(LocalConnection(), ondevice.c_compiler(LocalConnection()) or "cc", ["--version"],
+                                     "hwmon_loop.c", [["-O2"]], "hwmon_loop")
+        runs, compiled, idle = [], [], []
+        for _ in range(args.runs):  # alternating, so a change in the machine's load falls on all three
             runs.append(one_run(Path(tmp), args.seconds, args.interval_ms, args.slow_ms))
+            compiled.append(one_run(Path(tmp), args.seconds, args.interval_ms, args.slow_ms, loop))
             idle.append(idle_loop_cost(args.seconds, args.interval_ms))
-    out = {"idle_loop_runs": idle, "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
+    out = {"idle_loop_runs": idle, "compiled_loop_runs": compiled, "compiled_flags": flags, "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
            "python": platform.python_version(), "tick_hz": TICK, "interval_ms": args.interval_ms,
            "slow_ms": args.slow_ms, "seconds": args.seconds, "runs": runs}
     for r in runs:
         print(f"{r['rate_hz']:.1f} Hz  {r['pct_of_one_core']:.2f} % of one core  {r['us_per_sample']:.0f} us/sample  "
               f"{r['us_per_read']:.1f} us/read ({r['cpu_s']:.2f} s CPU in {r['wall_s']:.1f} s)")
+    for r in compiled:
+        print(f"compiled loop: {r['rate_hz']:.1f} Hz  {r['pct_of_one_core']:.2f} % of one core  "
+              f"{r['us_per_sample']:.0f} us/sample")
     for r in idle:
         print(f"an empty loop waking every {args.interval_ms} ms: {r['pct_of_one_core']:.2f} % of one core")
     if args.json:

@@ -30,14 +30,19 @@ def _run_until(sampler: SysfsSampler, done, timeout_s: float = 30) -> list[dict]
     return samples
 
 
-def test_reader_rereads_open_files_and_streams_throttling_signals(tmp_path):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-loop", "python-loop"])
+def test_reader_rereads_open_files_and_streams_throttling_signals(tmp_path, compiled):
+    # Both loops: the C one compiled on the device (cc is on this machine, as on JetPack) and the Python one
+    # the reader falls back to; same files, same line format, same samples.
     build(tmp_path, "orin_nano_jp6")
-    sampler = SysfsSampler(LocalConnection(), 10, sysfs_root=str(tmp_path))
+    sampler = SysfsSampler(LocalConnection(), 10, sysfs_root=str(tmp_path), compiled=compiled)
     first = _run_until(sampler, lambda s: len(s) >= 3)
+    loop_tag = sampler.telemetry_tags()["telemetry.sampler_loop"]
+    assert loop_tag.startswith("compiled C (") if compiled else loop_tag.startswith("python (")
     # Change the files the reader holds open: later samples must show the new values.
     (tmp_path / HWMON1 / "curr1_input").write_text("3000\n")
     (tmp_path / "class/hwmon/hwmon3/oc3_event_cnt").write_text("1250\n")
-    sampler = SysfsSampler(LocalConnection(), 10, sysfs_root=str(tmp_path))
+    sampler = SysfsSampler(LocalConnection(), 10, sysfs_root=str(tmp_path), compiled=compiled)
     sampler.start()
     try:
         assert sampler.wait_for_samples(2, timeout_s=30), sampler.problem

@@ -16,17 +16,16 @@ the calibration matching the trial's probe and power state, a calibration measur
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
 from jbench import paths
+from jbench.device import ondevice
 from jbench.device.connection import Connection
 
 CPU, GPU = "cpu", "gpu"
@@ -158,50 +157,24 @@ def power_state(conn: Connection, device: dict, profile: Optional[dict]) -> str:
 # The probes
 
 
-def probe_source(name: str) -> str:
-    return resources.files("jbench.device").joinpath("probes", name).read_text()
+probe_source = ondevice.probe_source
 
 
 def _probe_dir(conn: Connection) -> str:
-    if conn.is_local:
-        return str(paths.cache_dir() / "probes")
-    return conn.expand_path("~/.cache/jbench/probes")
+    return ondevice.probe_dir(conn)
 
 
 def _first_tool(conn: Connection, names: list[str], extra_paths: tuple[str, ...] = ()) -> Optional[str]:
-    # A constant shell program; the tool names are its arguments.
-    res = conn.run(["sh", "-c", 'for t in "$@"; do command -v "$t" && exit 0; done; exit 1', "sh", *names],
-                   timeout=30)
-    if res.returncode == 0 and res.stdout.strip():
-        return res.stdout.strip().splitlines()[0]
-    return next((p for p in extra_paths if conn.exists(p)), None)
+    return ondevice.first_tool(conn, names, extra_paths)
 
 
 def _build(conn: Connection, compiler: str, version_argv: list[str], source_name: str, flag_sets: list[list[str]],
            stem: str) -> tuple[str, list[str]]:
     """Compile a probe on the device once per (source, compiler version); (binary path, flags used)."""
-    source = probe_source(source_name)
-    ver = conn.run([compiler, *version_argv], timeout=60)
-    key = hashlib.sha256((source + "\0" + ver.stdout + ver.stderr).encode()).hexdigest()[:16]
-    pdir = _probe_dir(conn)
-    binary = f"{pdir}/{stem}-{key}"
-    meta = binary + ".flags"
-    if conn.exists(binary) and conn.exists(meta):
-        flags = conn.run(["cat", meta], timeout=30).stdout.split()
-        return binary, flags
-    conn.run(["mkdir", "-p", pdir], timeout=30)
-    src = f"{pdir}/{source_name}"
-    conn.run(["sh", "-c", 'cat > "$1"', "sh", src], stdin=source, timeout=60)
-    errors = []
-    for flags in flag_sets:
-        tmp = f"{binary}.tmp"
-        res = conn.run([compiler, *flags, "-o", tmp, src], timeout=600)
-        if res.returncode == 0:
-            conn.run(["mv", tmp, binary], timeout=30)
-            conn.run(["sh", "-c", 'printf "%s\\n" "$2" > "$1"', "sh", meta, " ".join(flags)], timeout=30)
-            return binary, flags
-        errors.append(f"{' '.join([compiler, *flags])}: {res.stderr.strip()[-400:]}")
-    raise CalibrationError(f"could not compile the {stem} probe on '{conn.name}':\n" + "\n".join(errors))
+    try:
+        return ondevice.build(conn, compiler, version_argv, source_name, flag_sets, stem)
+    except ondevice.BuildError as exc:
+        raise CalibrationError(str(exc)) from None
 
 
 def _run_json(conn: Connection, argv: list[str], what: str) -> dict[str, Any]:

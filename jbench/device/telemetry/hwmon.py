@@ -67,13 +67,14 @@ def opened(path):
         return os.open(path, os.O_RDONLY)
     except OSError:
         return None
-rails, fast_fds, chips = [], [], []
+rails, fast_fds, fast_paths, chips = [], [], [], []
 def add_rail(name, scale, paths):
     fds = [opened(p) for p in paths]
     if None in fds:
         return False
     rails.append([name, scale, len(fds)])
     fast_fds.extend(fds)
+    fast_paths.extend(paths)
     return True
 def chip(kind, d, dev):
     info = {"driver": kind, "device": dev, "rails": []}
@@ -118,12 +119,13 @@ for d in sorted(glob.glob(J(root, "bus/i2c/drivers/ina3221x/*/iio:device*"))):
 if not rails:
     print("NO_RAILS no INA3221/INA238 hwmon channels (nor INA3221 iio rail_name_* files) under " + root, flush=True)
     sys.exit(3)
-slow, slow_fds = [], []
+slow, slow_fds, slow_paths = [], [], []
 def add_slow(key, scale, path):
     fd = opened(path)
     if fd is not None:
         slow.append([key, scale])
         slow_fds.append(fd)
+        slow_paths.append(path)
 for h in sorted(glob.glob(J(root, "class/hwmon/hwmon*"))):
     if text(J(h, "name")) == "soctherm_oc":
         for k in (1, 2, 3):
@@ -144,7 +146,18 @@ for f in sorted(glob.glob(J(root, "class/devfreq/*"))):
 for c in sorted(glob.glob(J(root, "devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq")), key=lambda p: (len(p), p)):
     add_slow("%s_freq_mhz" % c.split(os.sep)[-3], 1e-3, c)
 meta = {"rails": rails, "slow": slow, "chips": chips, "interval_ms": interval * 1000, "slow_ms": slow_every * 1000}
+# The compiled loop (jbench/device/probes/hwmon_loop.c), when the controller built one: it reads the same files
+# in the same line format without an interpreter. Without it, or if it cannot start, the loop below runs.
+loop = sys.argv[4] if len(sys.argv) > 4 and os.access(sys.argv[4], os.X_OK) else None
+meta["loop"] = "c" if loop else "python"
 os.write(1, ("@@meta %s\n" % json.dumps(meta)).encode())
+if loop:
+    try:
+        os.execv(loop, [loop, sys.argv[2], str(slow_every * 1000), str(len(fast_paths)), *fast_paths,
+                        str(len(slow_paths)), *slow_paths])
+    except OSError as e:
+        meta["loop"], meta["loop_error"] = "python", str(e)
+        os.write(1, ("@@meta %s\n" % json.dumps(meta)).encode())
 pread = os.pread
 def one(fd):
     try:
@@ -278,20 +291,44 @@ def sensor_tags(meta: dict[str, Any], interval_ms: float) -> dict[str, str]:
 class SysfsSampler(StreamSampler):
     """Rails from INA3221/INA238 hwmon (iio on JetPack <= 4) at `interval_ms` (default 10 ms), with soctherm
     over-current counters, thermal zones and clocks every HWMON_SLOW_MS. Board and GPU/CPU power by the
-    rules of telemetry/rails.py."""
+    rules of telemetry/rails.py. The Python reader finds the files; the 100 Hz loop itself is a small C program
+    compiled on the device (`compiled`, the default), else the reader's own Python loop."""
 
     source = "sysfs"
 
     def __init__(self, conn: Connection, interval_ms: int = HWMON_DEFAULT_INTERVAL_MS, *, rails_spec=None,
-                 gpu_rail=None, cpu_rail=None, sysfs_root: str = "/sys", slow_ms: int = HWMON_SLOW_MS):
+                 gpu_rail=None, cpu_rail=None, sysfs_root: str = "/sys", slow_ms: int = HWMON_SLOW_MS,
+                 compiled: bool = True):
         super().__init__(conn, ["python3", "-c", HWMON_READER, sysfs_root, str(int(interval_ms)), str(int(slow_ms))])
         self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
         self.interval_ms = int(interval_ms)
         self.meta: Optional[dict[str, Any]] = None
+        self.compiled = compiled
+        self.loop_note = ""
+
+    def _compiled_loop(self) -> Optional[str]:
+        """The sampling loop compiled on the device (probes/hwmon_loop.c), or None with the reason in loop_note:
+        the Python loop then samples, at a higher CPU cost."""
+        from jbench.device import ondevice
+
+        try:
+            cc = ondevice.c_compiler(self.conn)
+            if cc is None:
+                self.loop_note = "no C compiler (cc, gcc, clang) on the device"
+                return None
+            binary, flags = ondevice.build(self.conn, cc, ["--version"], "hwmon_loop.c", [["-O2"]], "hwmon_loop")
+        except ondevice.BuildError as exc:
+            self.loop_note = str(exc).splitlines()[-1][:300]
+            return None
+        self.loop_note = f"{cc} {' '.join(flags)}"
+        return binary
 
     def _run(self) -> None:
         profile = {"power_rails": list(self.rails_spec or []), "gpu_rail": self.gpu_rail, "cpu_rail": self.cpu_rail}
-        self._stream = self.conn.stream_lines(self.argv)
+        loop = self._compiled_loop() if self.compiled else None
+        if not self.compiled:
+            self.loop_note = "the compiled loop was not asked for"
+        self._stream = self.conn.stream_lines(self.argv + ([loop] if loop else []))
         for line in self._stream:
             if self._stop.is_set():
                 break
@@ -323,4 +360,7 @@ class SysfsSampler(StreamSampler):
         tags = super().telemetry_tags()
         if self.meta is not None:
             tags.update(sensor_tags(self.meta, self.interval_ms))
+            loop = self.meta.get("loop", "python")
+            why = self.meta.get("loop_error") or self.loop_note
+            tags["telemetry.sampler_loop"] = ("compiled C" if loop == "c" else "python") + (f" ({why})" if why else "")
         return tags

@@ -39,8 +39,8 @@ def tegrastats(conn: Connection, device: dict, profile: Optional[dict], interval
 
 def sysfs(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int, *,
           hwmon_interval_ms: Optional[int] = None) -> Sampler:
-    """The hwmon reader at hwmon_interval_ms (default 10 ms), not telemetry.interval_ms: it costs well under
-    1 % of a core at 100 Hz, and tegrastats' 100 ms default is too coarse for a decode step's power."""
+    """The hwmon reader at hwmon_interval_ms (default 10 ms), not telemetry.interval_ms: its compiled loop costs
+    little at 100 Hz (docs/PERFORMANCE.md), and tegrastats' 100 ms default is too coarse for a decode step's power."""
     return SysfsSampler(conn, int(hwmon_interval_ms or HWMON_DEFAULT_INTERVAL_MS), **_rails(profile),
                         sysfs_root=(device.get("paths") or {}).get("sysfs_root", "/sys"))
 
