@@ -538,6 +538,9 @@ def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Opti
             members.append(device)
             entries.append(choice)
     coordinator = farm.get("coordinator")
+    selector = {"class": cls, **(farm.get("select") or {})}
+    if coordinator and not members:  # the class's places name their device entries: plan with theirs
+        members, entries = _farm_members(coordinator, selector, rest_plain, config_dirs)
     if not members and not coordinator:
         known = "; ".join(f"{c}: {', '.join(n)}" for c, n in sorted(classes.items())) or "none has a device_class"
         raise ConfigError(f"device=@{cls}: no device entry has device_class '{cls}' (device entries by class: {known}). "
@@ -550,9 +553,33 @@ def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Opti
     count_text = str(farm.get("devices") or "all")
     if count_text != "all" and not (count_text.isdigit() and int(count_text) > 0):
         raise ConfigError(f"farm.devices={count_text}: give a number of places (1, 2, ...) or all")
-    pool = Pool(cls, members, coordinator, {"class": cls, **(farm.get("select") or {})},
+    pool = Pool(cls, members, coordinator, selector,
                 None if count_text == "all" else int(count_text), farm, [str(d) for d in config_dirs or []])
     return pool, rest + ([f"device={entries[0]}"] if entries else [])
+
+
+def _farm_members(coordinator: str, selector: dict, overrides: list[str],
+                  config_dirs: Optional[list[Path]]) -> tuple[list[dict], list[str]]:
+    """(device configs, entry names) of the healthy places matching selector: the trials' device template."""
+    from omegaconf import OmegaConf
+
+    from jbench.farm import places as P
+    from jbench.farm.coordinator import Coordinator, CoordinatorError, iter_places
+
+    try:
+        with Coordinator(coordinator) as coord:
+            names = [P.device_entry(p) for p in iter_places(coord, {**selector, P.HEALTH: P.HEALTHY})]
+    except CoordinatorError as exc:
+        raise ConfigError(f"farm.coordinator {coordinator}: {exc}") from None
+    members, entries = [], []
+    for name in dict.fromkeys(names):
+        try:
+            cfg, _ = compose(overrides + [f"device={name}"], config_dirs)
+        except ConfigError:
+            continue  # the lease reports a place whose entry is missing
+        members.append(OmegaConf.to_container(cfg.device, resolve=True))
+        entries.append(name)
+    return members, entries
 
 
 def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> list[str]:

@@ -694,7 +694,7 @@ class Sweep:
                         return streak, f"quarantined by the farm after {after} device failure(s) in a row"
             except Exception as exc:  # the coordinator's trouble is not the unit's
                 log.warning("farm: recording the trial of %s failed: %s", name, exc)
-        if outcome.category == Category.CONNECTION_LOST:
+        if device_failure:  # a unit that no longer answers gets no further trial
             try:
                 self.connections[name].reconnect(float(unit.get("connect_timeout_s") or 10.0))
             except DeviceError as exc:
