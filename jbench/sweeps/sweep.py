@@ -181,6 +181,8 @@ class Sweep:
         self._lock = threading.RLock()  # the tracker and the progress callbacks, shared by the pool's workers
         self._stop = threading.Event()
         self._current: dict[Optional[str], TrialOutcome] = {}  # unit (None: no pool) -> its trial with an open run
+        self._idle = threading.Condition(self._lock)  # the pool's queue changed (a group taken or given back)
+        self._busy = 0  # workers holding a group: until none does, an empty queue may still get trials back
 
     # -- the whole sweep -------------------------------------------------------------------------
 
@@ -635,50 +637,67 @@ class Sweep:
 
     def _worker(self, unit: dict, groups: collections.deque, recorder: "_Recorder",
                 ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome]) -> None:
-        name = unit["name"]
-        streak = 0
+        streak = [0]
         while not self._stop.is_set():
-            with self._lock:
-                if not groups:
+            with self._idle:
+                # An empty queue ends this worker only when no other holds a group it may give back.
+                while not groups and self._busy and not self._stop.is_set():
+                    self._idle.wait(0.5)
+                if not groups or self._stop.is_set():
                     return
                 group = groups.popleft()
-            for i, trial in enumerate(group):
+                self._busy += 1
+            try:
+                if not self._run_group(unit, group, groups, recorder, ooms, outcomes, streak):
+                    return
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def _run_group(self, unit: dict, group: list[Trial], groups: collections.deque, recorder: "_Recorder",
+                   ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome], streak: list[int]) -> bool:
+        """Run one group on the unit; False when its worker must stop (interrupted, or the unit dropped and the
+        rest of the group given back). streak: the unit's run of device failures, carried across groups."""
+        name = unit["name"]
+        for i, trial in enumerate(group):
+            if self._stop.is_set():
+                return False
+            run_as = self.on_unit(trial, unit)
+            with self._lock:
+                self.on_trial_start(run_as)
+                outcome = _skipped(run_as, self.resume_key(trial), {}, ooms)
+            try:
+                if outcome is None:
+                    outcome = self._attempts(trial, run_as, recorder, outcomes, ooms, name)
+            except _Stopped:
+                return False
+            except Exception as exc:  # a fault of the controller's side: this unit stops, its trials go on
+                log.exception("worker of %s failed", name)
+                outcome = self._current.pop(name, None) or TrialOutcome(trial, Status.FAILED)
+                outcome.status, outcome.category, outcome.error = Status.FAILED, Category.DEVICE, str(exc)
+                if outcome.run_id:
+                    try:
+                        recorder.finish(outcome, {})
+                    except Exception:  # the run stays for the next start's reaper
+                        log.exception("recording the failed run of %s failed", name)
+                streak[0] = 1 << 30
+            outcome.device = name
+            with self._lock:
                 if self._stop.is_set():
-                    return
-                run_as = self.on_unit(trial, unit)
-                with self._lock:
-                    self.on_trial_start(run_as)
-                    outcome = _skipped(run_as, self.resume_key(trial), {}, ooms)
-                try:
-                    if outcome is None:
-                        outcome = self._attempts(trial, run_as, recorder, outcomes, ooms, name)
-                except _Stopped:
-                    return
-                except Exception as exc:  # a fault of the controller's side: this unit stops, its trials go on
-                    log.exception("worker of %s failed", name)
-                    outcome = self._current.pop(name, None) or TrialOutcome(trial, Status.FAILED)
-                    outcome.status, outcome.category, outcome.error = Status.FAILED, Category.DEVICE, str(exc)
-                    if outcome.run_id:
-                        try:
-                            recorder.finish(outcome, {})
-                        except Exception:  # the run stays for the next start's reaper
-                            log.exception("recording the failed run of %s failed", name)
-                    streak = 1 << 30
-                outcome.device = name
-                with self._lock:
-                    if self._stop.is_set():
-                        return
-                    outcomes.append(outcome)
-                    self.on_trial_end(outcome)
-                streak, reason = self._unit_unfit(unit, outcome, streak)
-                if reason:
-                    with self._lock:
-                        if group[i + 1:]:
-                            groups.appendleft(group[i + 1:])
-                        note = f"device '{name}' dropped from {self.pool.name}: {reason}; its trials went to the other units"
-                        self.notes.append(note)
-                    log.warning("%s", note)
-                    return
+                    return False
+                outcomes.append(outcome)
+                self.on_trial_end(outcome)
+            streak[0], reason = self._unit_unfit(unit, outcome, streak[0])
+            if reason:
+                with self._idle:
+                    if group[i + 1:]:
+                        groups.appendleft(group[i + 1:])
+                    note = f"device '{name}' dropped from {self.pool.name}: {reason}; its trials went to the other units"
+                    self.notes.append(note)
+                log.warning("%s", note)
+                return False
+        return True
 
     def _unit_unfit(self, unit: dict, outcome: TrialOutcome, streak: int) -> tuple[int, Optional[str]]:
         """(the unit's run of device failures, why it must stop or None) after one of its trials."""
