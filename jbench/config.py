@@ -81,6 +81,9 @@ class DeviceConfig:
     # A device whose device-tree model does not match its profile's model_match is refused at preflight;
     # true runs it anyway (the mismatch is still recorded).
     allow_profile_mismatch: bool = nonident(False)
+    # The class this unit belongs to (e.g. orin_nano_super): `device=@CLASS` sweeps over every entry of it.
+    # (nonident: a pool trial's identity is the class, `@CLASS`, whichever unit ran it)
+    device_class: Optional[str] = nonident(None)
 
 
 @dataclass
@@ -241,6 +244,9 @@ class SweepConfig:
     memory_reserve_gb: float = nonident(1.0)
     # Connection retries (with exponential backoff) before a trial counts as failed.
     connection_retries: int = nonident(3)
+    # A sweep over a device class (`device=@CLASS`): consecutive trials of one unit failing for device reasons
+    # (lost connection, device errors) before that unit is dropped and its trials go to the others.
+    drop_device_after: int = nonident(2)
 
 
 @dataclass
@@ -270,6 +276,10 @@ class FarmConfig:
     priority: float = nonident(0.0)
     # Consecutive trials failing for device reasons before the device is quarantined (0: never).
     quarantine_after_failures: int = nonident(3)
+    # `device=@CLASS` with a coordinator: more tags the places must match (besides class=CLASS), and how
+    # many matching places to lease ("all", or a number).
+    select: Dict[str, str] = nonident(default_factory=dict)
+    devices: str = nonident("all")
 
 
 @dataclass

@@ -200,8 +200,10 @@ class _TrialProgress:
     """A rich progress bar on a terminal (removed when the sweep ends, so no half-drawn bar stays), plain
     lines anywhere else (a pipe, a file, a CI log)."""
 
-    def __init__(self, out: Console, total: int, keys: list[str]):
+    def __init__(self, out: Console, total: int, keys: list[str], pool: bool = False):
         self.out, self.total, self.keys = out, total, keys
+        self.pool = pool
+        self.running: dict[str, str] = {}  # unit -> the trial it runs (a pool's bar shows every unit)
         self.bar = None
         if out.is_terminal:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -230,25 +232,34 @@ class _TrialProgress:
 
     def start(self, trial) -> None:
         label = escape(trial_label(trial, self.keys))
+        device = trial.config["device"]["name"]
+        if self.pool:  # a sweep over a device class: what each unit runs now
+            self.running[device] = label
         if self.bar is not None:
-            self.bar.update(self.task, description=f"running {label}")
+            text = "; ".join(f"{escape(d)}: {lb}" for d, lb in self.running.items()) if self.pool else f"running {label}"
+            self.bar.update(self.task, description=text)
         else:
-            self.print(f"trial {self.done + 1}/{self.total} {label}: running")
+            self.print(f"{self._on(device)}trial {self.done + 1}/{self.total} {label}: running")
+
+    def _on(self, device) -> str:
+        """The prefix naming the unit of a pool's line (plain lines in a pipe stay one per line)."""
+        return f"{escape(device)}: " if self.pool and device else ""
 
     def end(self, outcome) -> None:
         self.done += 1
         label = escape(trial_label(outcome.trial, self.keys))
+        on = self._on(getattr(outcome, "device", None))
         if self.bar is not None:
             self.bar.advance(self.task)
         elif outcome.status not in ("FAILED", "SKIPPED"):  # those get their own line below, with the reason
-            self.print(f"trial {self.done}/{self.total} {label}: {outcome.status} ({outcome.wall_s:.0f} s)")
+            self.print(f"{on}trial {self.done}/{self.total} {label}: {outcome.status} ({outcome.wall_s:.0f} s)")
         for finding in outcome.findings:
-            self.print(f"[yellow]trial {outcome.trial.index} finding:[/] {escape(finding.message)}")
+            self.print(f"{on}[yellow]trial {outcome.trial.index} finding:[/] {escape(finding.message)}")
         if outcome.status == "FAILED":
-            self.print(f"[red]trial {self.done}/{self.total} {label} FAILED[/] ({outcome.category}): "
+            self.print(f"{on}[red]trial {self.done}/{self.total} {label} FAILED[/] ({outcome.category}): "
                        f"{escape(str(outcome.error))}")
         elif outcome.status == "SKIPPED":
-            self.print(f"[cyan]trial {self.done}/{self.total} {label} skipped[/] ({outcome.category}): "
+            self.print(f"{on}[cyan]trial {self.done}/{self.total} {label} skipped[/] ({outcome.category}): "
                        f"{escape(str(outcome.error))}")
 
 
@@ -397,7 +408,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         return t
 
     _sigterm_as_interrupt()
-    with _TrialProgress(console, len(plan_.trials), keys) as progress:
+    with _TrialProgress(console, len(plan_.trials), keys, pool=plan_.pool is not None) as progress:
         try:
             result = Sweep(plan_, tracker, on_trial_start=progress.start, on_trial_end=progress.end).run()
         except PreflightError as exc:

@@ -25,6 +25,28 @@ from jbench.identity import config_hash
 GROUP_DIMS = ("device", "backend", "model", "tracking")
 
 
+POOL_PREFIX = "@"  # device=@CLASS: every unit of a device class
+
+
+@dataclass
+class Pool:
+    """The units a `device=@CLASS` sweep spreads its trials over. With a coordinator the units are the leased
+    places matching `selector` (count None: every matching place); without one, `members`: the device entries
+    of the config search path whose device_class is the class."""
+
+    device_class: str
+    members: list[dict] = field(default_factory=list)
+    coordinator: Optional[str] = None
+    selector: dict = field(default_factory=dict)
+    count: Optional[int] = None
+    farm: dict = field(default_factory=dict)  # the farm section (heartbeat, timeouts, quarantine)
+    config_dirs: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return POOL_PREFIX + self.device_class
+
+
 @dataclass
 class Plan:
     trials: list[Trial]
@@ -36,6 +58,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # cells dropped by the experiment's declared rules
     rounds: int = 1
     sweep: dict = field(default_factory=dict)
+    pool: Optional[Pool] = None  # device=@CLASS: trials are spread over the pool's units
 
 
 def split_overrides(args: list[str]) -> tuple[list[str], dict[str, list]]:
@@ -461,7 +484,14 @@ def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
 def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
     """expand -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the config as
     a whole; problems of single trials are collected in Plan.problems."""
-    ex = expand(overrides, config_dirs, use_grid=use_grid)
+    pool, composed = _pool(overrides, config_dirs)
+    ex = expand(composed, config_dirs, use_grid=use_grid)
+    if pool is not None:
+        for cell in ex.cells:
+            # The trial's device is the class, not a unit: its identity (resume, compare) is the same
+            # whichever unit runs it; the unit is recorded in tags.
+            cell.config["device"] = {**cell.config["device"], "name": pool.name, "device_class": pool.device_class}
+            cell.choices["device"] = pool.name
     kept, notes = drop(ex.cells, exclude=(ex.sweep.get("exclude") or []) if use_grid else [],
                        drop_beyond_context=bool(ex.sweep.get("drop_beyond_context")) and use_grid)
     trials, problems = validate(kept, reserve_bytes=float(ex.sweep.get("memory_reserve_gb", 1.0)) * 1e9)
@@ -470,7 +500,86 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
     if not final and notes:
         problems.append("the grid is empty after dropping: " + "; ".join(notes))
     return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=ex.tracking,
-                overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep)
+                overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep, pool=pool)
+
+
+def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Optional[Pool], list[str]]:
+    """(the pool of a `device=@CLASS` override or None, the overrides to compose with). Hydra parses `@CLASS`
+    but has no such device entry: the override is replaced by the class's first unit (its profile and
+    paths plan the trials) or, with a coordinator and no entry of the class here, by the default device."""
+    from omegaconf import OmegaConf
+
+    from jbench.config import available_choices
+
+    plain, dims, _ = _parse_overrides(overrides)
+    if any(str(v).startswith(POOL_PREFIX) for v in dims.get("device", [])):
+        raise ConfigError("one device class per sweep: `device=@CLASS` cannot be a comma list")
+    given = [o for o in plain if o.split("=", 1)[0] == "device" and o.split("=", 1)[1].strip("'\"").startswith(POOL_PREFIX)]
+    if not given:
+        return None, list(overrides)
+    cls = given[-1].split("=", 1)[1].strip("'\"")[len(POOL_PREFIX):]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", cls):
+        raise ConfigError(f"device=@{cls}: a device class is a name of letters, digits, '_', '-' or '.' "
+                          "(the device_class of device entries, or a farm place's class tag)")
+    rest = [o for o in overrides if o.split("=", 1)[0] != "device"]
+    rest_plain = [o for o in plain if o.split("=", 1)[0] != "device"]
+    base, _ = compose(rest_plain, config_dirs)
+    farm = OmegaConf.to_container(base.farm, resolve=True)
+    members, entries, classes = [], [], {}
+    for choice in available_choices("device", config_dirs):
+        try:
+            cfg, _ = compose(rest_plain + [f"device={choice}"], config_dirs)
+        except ConfigError:
+            continue  # a broken entry of another class must not stop this sweep
+        device = OmegaConf.to_container(cfg.device, resolve=True)
+        if device.get("device_class"):
+            classes.setdefault(device["device_class"], []).append(choice)
+        if device.get("device_class") == cls:
+            members.append(device)
+            entries.append(choice)
+    coordinator = farm.get("coordinator")
+    selector = {"class": cls, **(farm.get("select") or {})}
+    if coordinator and not members:  # the class's places name their device entries: plan with theirs
+        members, entries = _farm_members(coordinator, selector, rest_plain, config_dirs)
+    if not members and not coordinator:
+        known = "; ".join(f"{c}: {', '.join(n)}" for c, n in sorted(classes.items())) or "none has a device_class"
+        raise ConfigError(f"device=@{cls}: no device entry has device_class '{cls}' (device entries by class: {known}). "
+                          f"Add `device_class: {cls}` to device/NAME.yaml in your config dir, or set farm.coordinator "
+                          "to lease the class's places")
+    profiles = {m.get("profile") for m in members}
+    if len(profiles) > 1:
+        raise ConfigError(f"device=@{cls}: its units have different profiles ({', '.join(sorted(map(str, profiles)))}); "
+                          "a class is one kind of module: give each kind its own device_class")
+    count_text = str(farm.get("devices") or "all")
+    if count_text != "all" and not (count_text.isdigit() and int(count_text) > 0):
+        raise ConfigError(f"farm.devices={count_text}: give a number of places (1, 2, ...) or all")
+    pool = Pool(cls, members, coordinator, selector,
+                None if count_text == "all" else int(count_text), farm, [str(d) for d in config_dirs or []])
+    return pool, rest + ([f"device={entries[0]}"] if entries else [])
+
+
+def _farm_members(coordinator: str, selector: dict, overrides: list[str],
+                  config_dirs: Optional[list[Path]]) -> tuple[list[dict], list[str]]:
+    """(device configs, entry names) of the healthy places matching selector: the trials' device template."""
+    from omegaconf import OmegaConf
+
+    from jbench.farm import places as P
+    from jbench.farm.coordinator import Coordinator, CoordinatorError, iter_places
+
+    try:
+        with Coordinator(coordinator) as coord:
+            names = [P.device_entry(p) for p in iter_places(coord, {**selector, P.HEALTH: P.HEALTHY})]
+    except CoordinatorError as exc:
+        raise ConfigError(f"farm.coordinator {coordinator}: {exc}") from None
+    members, entries = [], []
+    for name in dict.fromkeys(names):
+        try:
+            cfg, _ = compose(overrides + [f"device={name}"], config_dirs)
+        except ConfigError:
+            continue  # the lease reports a place whose entry is missing
+        members.append(OmegaConf.to_container(cfg.device, resolve=True))
+        entries.append(name)
+    return members, entries
 
 
 def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> list[str]:

@@ -10,9 +10,13 @@ state of every device is restored whatever happens.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -103,6 +107,7 @@ class TrialOutcome:
     findings: list[Finding] = field(default_factory=list)
     noisy: bool = False
     retries: int = 0  # reconnections after a lost connection, inside this one run
+    device: Optional[str] = None  # the unit that ran it, in a sweep over a device class (device=@CLASS)
 
 
 @dataclass
@@ -166,6 +171,18 @@ class Sweep:
         self._digests: dict[tuple, Optional[str]] = {}  # (device, model section) -> model file SHA-256
         self.identities: dict[int, TrialIdentity] = {}  # trial index -> its identity, from preflight
         self._model_found: dict[tuple, bool] = {}  # (device, model path) -> the file is there
+        # device=@CLASS: the units (device config dicts), their farm places, and each planned trial's config
+        # (its device is the class: what identity and params are made of, whichever unit runs it).
+        self.pool = plan.pool
+        self.units: list[dict] = []
+        self.places: dict[str, str] = {}
+        self._farm: Any = None
+        self._planned: dict[int, dict] = {t.index: t.config for t in plan.trials} if plan.pool else {}
+        self._lock = threading.RLock()  # the tracker and the progress callbacks, shared by the pool's workers
+        self._stop = threading.Event()
+        self._current: dict[Optional[str], TrialOutcome] = {}  # unit (None: no pool) -> its trial with an open run
+        self._idle = threading.Condition(self._lock)  # the pool's queue changed (a group taken or given back)
+        self._busy = 0  # workers holding a group: until none does, an empty queue may still get trials back
 
     # -- the whole sweep -------------------------------------------------------------------------
 
@@ -174,8 +191,16 @@ class Sweep:
 
         uri = resolve_uri(self.plan.tracking.get("uri"), self.plan.tracking["results_dir"])
         exp_name = self.plan.tracking.get("experiment_name") or self.plan.experiment
+        with contextlib.ExitStack() as stack:  # a farm lease is released after the devices are restored
+            if self.pool is not None:
+                self._take_units(stack)
+            return self._run(uri, exp_name)
+
+    def _run(self, uri: str, exp_name: str) -> SweepOutcome:
+        from jbench.tracking.common import store_exists
+
         try:
-            runnable = self.preflight(self.plan.trials)
+            runnable = self._preflight_pool(self.plan.trials) if self.pool else self.preflight(self.plan.trials)
             done = {} if self.plan.sweep.get("rerun") or not store_exists(uri) else self._finished(uri, exp_name)
             todo = [t for t in runnable if self.resume_key(t) not in done]
             if not todo:
@@ -184,9 +209,9 @@ class Sweep:
                 for outcome in outcomes:
                     self.on_trial_end(outcome)
                 return SweepOutcome(self.record_id, exp_name, None, uri, outcomes, self.notes)
-            self._lease_devices(todo)  # before anything on a device changes: one controller per device
+            self._lease_devices(self._device_trials(todo))  # before anything changes: one controller per device
             tracker = self.tracker_factory()  # the store is created only once the devices are ready
-            self._save_power_states(todo)
+            self._save_power_states(self._device_trials(todo))
             return self._run_trials(runnable, tracker, exp_name, done)
         finally:
             self._restore_power_states()
@@ -215,9 +240,86 @@ class Sweep:
         """The trial's identity (config, backend build, model file) and round: what resume matches on."""
         return resume_key(self.identities[trial.index].hash, trial.round)
 
+    # -- a device class (device=@CLASS) ------------------------------------------------------------
+
+    def _take_units(self, stack: contextlib.ExitStack) -> None:
+        """The pool's units: the leased places matching the class (farm.coordinator set), else the device entries
+        whose device_class is the class. Each unit is still guarded by its on-device lease."""
+        pool = self.pool
+        if not pool.coordinator:
+            self.units = [dict(m) for m in pool.members]
+            return
+        from jbench import farm
+        from jbench.farm.coordinator import Coordinator, iter_places
+
+        count = pool.count
+        if count is None:  # "all": every healthy place of the class the coordinator knows now
+            probe = Coordinator(pool.coordinator)
+            try:
+                probe.open()
+                count = len(list(iter_places(probe, {**pool.selector, "jbench_health": "ok"})))
+            finally:
+                probe.close()
+            if count == 0:
+                raise PreflightError(f"no healthy farm place matches {pool.selector} on {pool.coordinator} "
+                                     "(see `jbench farm list`)")
+        f = pool.farm
+        leased = stack.enter_context(farm.lease(
+            pool.coordinator, pool.selector, count=count, priority=float(f.get("priority") or 0.0),
+            sweep_id=self.sweep_id, config_dirs=pool.config_dirs, heartbeat_s=float(f.get("heartbeat_s") or 10.0),
+            stale_after_s=float(f.get("stale_after_s") or 300.0), reserve_timeout_s=f.get("reserve_timeout_s"),
+            on_wait=lambda msg: log.warning("farm: %s", msg)))
+        self._farm = leased
+        self.units = [dict(d) for d in leased.devices]
+        self.places = {d["name"]: p for p, d in zip(leased.places, leased.devices)}
+
+    def on_unit(self, trial: Trial, unit: dict) -> Trial:
+        """The planned trial as it runs on one unit: the unit's device section in place of the class."""
+        return dataclasses.replace(trial, config={**trial.config, "device": unit})
+
+    def _device_trials(self, trials: list[Trial]) -> list[Trial]:
+        """Trials as the devices see them: a pool trial once on every unit."""
+        if self.pool is None:
+            return trials
+        return [self.on_unit(t, u) for u in self.units for t in trials]
+
+    def _preflight_pool(self, trials: list[Trial]) -> list[Trial]:
+        """preflight on every unit; a trial runs when every unit can run it (any unit may get it)."""
+        problems: list[str] = []
+        kept: Optional[set[int]] = None
+        if not self.units:
+            raise PreflightError(f"no unit of {self.pool.name} to run on")
+        for unit in self.units:
+            try:
+                keep = self.preflight([self.on_unit(t, unit) for t in trials])
+            except PreflightError as exc:
+                problems.append(str(exc))
+                continue
+            idx = {t.index for t in keep}
+            kept = idx if kept is None else kept & idx
+        if problems:
+            raise PreflightError("\n".join(problems))
+        return [t for t in trials if t.index in (kept or set())]
+
+    def _unit_tags(self, name: str) -> dict[str, str]:
+        """Who ran a pool trial: the unit, its serial when the fingerprint has one, its farm place."""
+        if self.pool is None:
+            return {}
+        unit = next((u for u in self.units if u["name"] == name), {})
+        tags = {"device.unit": name, "device.class": self.pool.device_class}
+        if unit.get("host"):
+            tags["device.host"] = f"{unit['host']}:{unit.get('port', 22)}"
+        serial = self.fingerprints.get(name, {}).get("jetson.serial")
+        if serial:
+            tags["device.serial"] = serial
+        if name in self.places:
+            tags["farm.place"] = self.places[name]
+        return tags
+
     def backend(self, trial: Trial) -> Backend:
-        """One backend instance per distinct backend config within the sweep."""
-        key = repr(sorted(trial.config["backend"].items()))
+        """One backend instance per device and distinct backend config within the sweep (a pool's workers
+        never share one)."""
+        key = trial.config["device"]["name"] + repr(sorted(trial.config["backend"].items()))
         if key not in self._backends:
             self._backends[key] = backend_class(trial.config["backend"]["name"])(trial.config["backend"])
         return self._backends[key]
@@ -254,7 +356,12 @@ class Sweep:
             for msg in msgs:
                 problem(msg)
             if not msgs:
-                self.identities[trial.index] = self._identity(trial, key)
+                ident = self._identity(trial, key)
+                seen = self.identities.setdefault(trial.index, ident)
+                if seen != ident:  # a pool's trial must be one trial whichever unit runs it
+                    problem(f"device '{name}' differs from the other units of {self.pool.name if self.pool else name}: "
+                            f"backend build {ident.build} / model file {ident.model_digest} against {seen.build} / "
+                            f"{seen.model_digest}. Make the units the same, or pin one with device=NAME")
                 if (msg := self._remote_model_missing(trial)) is not None:
                     problem(msg)
             if trial.wants_power_control:
@@ -291,7 +398,8 @@ class Sweep:
         if model_key not in self._digests:
             self._digests[model_key] = model_digest(model, conn)
         build, digest = self._builds[backend_key], self._digests[model_key]
-        return TrialIdentity(trial_identity(trial.config, build=build, model_digest=digest), build, digest)
+        config = self._planned.get(trial.index, trial.config)  # a pool trial: the class, not the unit
+        return TrialIdentity(trial_identity(config, build=build, model_digest=digest), build, digest)
 
     def _remote_model_missing(self, trial: Trial) -> Optional[str]:
         """A model file missing on a remote device, found before anything runs (a local one: at planning)."""
@@ -375,8 +483,9 @@ class Sweep:
 
     def _reboot_consent(self, name: str) -> bool:
         """Reboots of a device only with consent: some trial of this sweep on it set power.allow_reboot=true."""
+        names = {name} | ({self.pool.name} if self.pool and any(u["name"] == name for u in self.units) else set())
         return any(bool(t.config["power"].get("allow_reboot")) for t in self.plan.trials
-                   if t.config["device"]["name"] == name and t.config.get("power"))
+                   if t.config["device"]["name"] in names and t.config.get("power"))
 
     def _save_power_states(self, trials: list[Trial]) -> None:
         # A controller that died earlier may have left a device in a changed state: put it back first
@@ -428,35 +537,32 @@ class Sweep:
             )
         ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
         outcomes: list[TrialOutcome] = []
-        running: Optional[TrialOutcome] = None  # the trial whose run is open (marked KILLED on Ctrl-C)
-        recorder = _Recorder(tracker, exp_id, parent, common_tags, plan.experiment)
+        recorder = _Recorder(tracker, exp_id, parent, common_tags, plan.experiment, lock=self._lock)
         try:
-            for trial in trials:
-                self.on_trial_start(trial)
-                outcome = _skipped(trial, self.resume_key(trial), done, ooms)
-                if outcome is None:
-                    runs = 2 if sweep.get("rerun_noisy") else 1
-                    for attempt in range(runs):
-                        running = outcome = TrialOutcome(trial, Status.RUNNING)
-                        self._run_trial(trial, outcome, recorder)
-                        if not (outcome.status == Status.FINISHED and outcome.noisy) or attempt == runs - 1:
-                            break
-                        log.info("trial %d is noisy (CV over sweep.max_cv): running it once more", trial.index)
-                        outcomes.append(outcome)
-                    running = None
-                    if outcome.category == Category.OUT_OF_MEMORY:
-                        ooms.append((_oom_key(trial), trial.context_tokens, outcome.run_id or ""))
-                outcomes.append(outcome)
-                self.on_trial_end(outcome)
+            if self.pool is not None:
+                self._run_pool(trials, recorder, done, ooms, outcomes)
+            else:
+                for trial in trials:
+                    self.on_trial_start(trial)
+                    outcome = _skipped(trial, self.resume_key(trial), done, ooms) or \
+                        self._attempts(trial, trial, recorder, outcomes, ooms, None)
+                    outcomes.append(outcome)
+                    self.on_trial_end(outcome)
         except KeyboardInterrupt:
-            if running is not None and running.run_id:
-                tracker.log(running.run_id, tags={"jbench.status": "KILLED",
-                                                  "jbench.failure_reason": "interrupted (Ctrl-C)"})
-                tracker.end_run(running.run_id, "KILLED")
-                running.status = Status.KILLED
-                outcomes.append(running)
-            tracker.log(parent, tags={"jbench.status": "KILLED"})
-            tracker.end_run(parent, "KILLED")
+            self._stop.set()
+            with self._lock:  # no worker starts or finishes a run after this
+                recorder.closed = True
+                for running in list(self._current.values()):  # the trials whose runs are open
+                    if running.run_id:
+                        recorder.killed.add(running.run_id)
+                        tracker.log(running.run_id, tags={"jbench.status": "KILLED",
+                                                          "jbench.failure_reason": "interrupted (Ctrl-C)"})
+                        tracker.end_run(running.run_id, "KILLED")
+                        running.status = Status.KILLED
+                        outcomes.append(running)
+                self._current.clear()
+                tracker.log(parent, tags={"jbench.status": "KILLED"})
+                tracker.end_run(parent, "KILLED")
             raise
         n_failed = sum(o.status == Status.FAILED for o in outcomes)
         # Under a resumed sweep's parent, its trials done before the interruption count as its finished ones.
@@ -493,22 +599,170 @@ class Sweep:
                 return parent, rec["tags"]["jbench.sweep_id"], rec["tags"]
         return None
 
+    # -- workers over a device class ----------------------------------------------------------------
+
+    def _run_pool(self, trials: list[Trial], recorder: "_Recorder", done: dict[str, dict],
+                  ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome]) -> None:
+        """One worker thread per unit takes groups of trials (same power state and model, in plan order) from a
+        shared queue. A unit that keeps failing for device reasons (or that the farm quarantines) is dropped and
+        the rest of its group goes back to the queue: every trial taken is recorded or given back, never run
+        twice."""
+        groups: collections.deque = collections.deque()
+        for trial in trials:
+            skipped = _skipped(trial, self.resume_key(trial), done, [])
+            if skipped is not None:  # already FINISHED, whichever unit ran it
+                outcomes.append(skipped)
+                self.on_trial_start(trial)
+                self.on_trial_end(skipped)
+            elif groups and _group_key(groups[-1][-1]) == _group_key(trial):
+                groups[-1].append(trial)
+            else:
+                groups.append([trial])
+        # A group is at most an even share of the work, so a sweep of one model and power state still spreads.
+        share = max(1, -(-sum(map(len, groups)) // max(1, len(self.units))))
+        groups = collections.deque(g[i:i + share] for g in groups for i in range(0, len(g), share))
+        workers = [threading.Thread(target=self._worker, args=(unit, groups, recorder, ooms, outcomes),
+                                    name=f"jbench-{unit['name']}", daemon=True) for unit in self.units]
+        for w in workers:
+            w.start()
+        while any(w.is_alive() for w in workers):
+            for w in workers:
+                w.join(0.2)  # short joins: Ctrl-C reaches the main thread
+        for group in groups:  # every unit was dropped: what is left is recorded as not run
+            for trial in group:
+                outcome = TrialOutcome(trial, Status.FAILED, category=Category.DEVICE,
+                                       error=f"not run: no unit of {self.pool.name} was left (see the notes)")
+                outcomes.append(outcome)
+                self.on_trial_end(outcome)
+
+    def _worker(self, unit: dict, groups: collections.deque, recorder: "_Recorder",
+                ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome]) -> None:
+        streak = [0]
+        while not self._stop.is_set():
+            with self._idle:
+                # An empty queue ends this worker only when no other holds a group it may give back.
+                while not groups and self._busy and not self._stop.is_set():
+                    self._idle.wait(0.5)
+                if not groups or self._stop.is_set():
+                    return
+                group = groups.popleft()
+                self._busy += 1
+            try:
+                if not self._run_group(unit, group, groups, recorder, ooms, outcomes, streak):
+                    return
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def _run_group(self, unit: dict, group: list[Trial], groups: collections.deque, recorder: "_Recorder",
+                   ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome], streak: list[int]) -> bool:
+        """Run one group on the unit; False when its worker must stop (interrupted, or the unit dropped and the
+        rest of the group given back). streak: the unit's run of device failures, carried across groups."""
+        name = unit["name"]
+        for i, trial in enumerate(group):
+            if self._stop.is_set():
+                return False
+            run_as = self.on_unit(trial, unit)
+            with self._lock:
+                self.on_trial_start(run_as)
+                outcome = _skipped(run_as, self.resume_key(trial), {}, ooms)
+            try:
+                if outcome is None:
+                    outcome = self._attempts(trial, run_as, recorder, outcomes, ooms, name)
+            except _Stopped:
+                return False
+            except Exception as exc:  # a fault of the controller's side: this unit stops, its trials go on
+                log.exception("worker of %s failed", name)
+                outcome = self._current.pop(name, None) or TrialOutcome(trial, Status.FAILED)
+                outcome.status, outcome.category, outcome.error = Status.FAILED, Category.DEVICE, str(exc)
+                if outcome.run_id:
+                    try:
+                        recorder.finish(outcome, {})
+                    except Exception:  # the run stays for the next start's reaper
+                        log.exception("recording the failed run of %s failed", name)
+                streak[0] = 1 << 30
+            outcome.device = name
+            with self._lock:
+                if self._stop.is_set():
+                    return False
+                outcomes.append(outcome)
+                self.on_trial_end(outcome)
+            streak[0], reason = self._unit_unfit(unit, outcome, streak[0])
+            if reason:
+                with self._idle:
+                    if group[i + 1:]:
+                        groups.appendleft(group[i + 1:])
+                    note = f"device '{name}' dropped from {self.pool.name}: {reason}; its trials went to the other units"
+                    self.notes.append(note)
+                log.warning("%s", note)
+                return False
+        return True
+
+    def _unit_unfit(self, unit: dict, outcome: TrialOutcome, streak: int) -> tuple[int, Optional[str]]:
+        """(the unit's run of device failures, why it must stop or None) after one of its trials."""
+        name = unit["name"]
+        device_failure = outcome.status == Status.FAILED and outcome.category in (Category.CONNECTION_LOST,
+                                                                                  Category.DEVICE)
+        streak = streak + 1 if device_failure else 0
+        if self._farm is not None and outcome.status in (Status.FINISHED, Status.FAILED):
+            after = int(self.pool.farm.get("quarantine_after_failures") or 0)
+            try:
+                with self._lock:
+                    if self._farm.record_trial(name, device_failure=device_failure, quarantine_after=after):
+                        return streak, f"quarantined by the farm after {after} device failure(s) in a row"
+            except Exception as exc:  # the coordinator's trouble is not the unit's
+                log.warning("farm: recording the trial of %s failed: %s", name, exc)
+        if device_failure:  # a unit that no longer answers gets no further trial
+            try:
+                self.connections[name].reconnect(float(unit.get("connect_timeout_s") or 10.0))
+            except DeviceError as exc:
+                return streak, f"unreachable ({exc})"
+        limit = max(1, int(self.plan.sweep.get("drop_device_after", 2)))
+        if streak >= limit:
+            return streak, f"{min(streak, limit)} trial(s) in a row failed for device reasons (last: {outcome.error})"
+        return streak, None
+
     # -- one trial --------------------------------------------------------------------------------
 
-    def _run_trial(self, trial: Trial, outcome: TrialOutcome, recorder: "_Recorder") -> None:
+    def _attempts(self, trial: Trial, run_as: Trial, recorder: "_Recorder", outcomes: list[TrialOutcome],
+                  ooms: list[tuple[tuple, int, str]], unit: Optional[str]) -> TrialOutcome:
+        """Run the trial (once more when noisy and sweep.rerun_noisy); its open run is in _current for Ctrl-C."""
+        runs = 2 if self.plan.sweep.get("rerun_noisy") else 1
+        for attempt in range(runs):
+            outcome = TrialOutcome(trial, Status.RUNNING, device=unit)
+            self._current[unit] = outcome
+            self._run_trial(trial, outcome, recorder, run_as)
+            if not (outcome.status == Status.FINISHED and outcome.noisy) or attempt == runs - 1:
+                break
+            log.info("trial %d is noisy (CV over sweep.max_cv): running it once more", trial.index)
+            with self._lock:
+                outcomes.append(outcome)
+        self._current.pop(unit, None)
+        if outcome.category == Category.OUT_OF_MEMORY:
+            with self._lock:
+                ooms.append((_oom_key(run_as), trial.context_tokens, outcome.run_id or ""))
+        return outcome
+
+    def _run_trial(self, trial: Trial, outcome: TrialOutcome, recorder: "_Recorder",
+                   run_as: Optional[Trial] = None) -> None:
         """The trial's stages inside one run; a lost connection is retried in the same run with backoff
-        (1, 2, 4 ... s) before the trial counts as failed."""
-        dev_name = trial.config["device"]["name"]
+        (1, 2, 4 ... s) before the trial counts as failed. `run_as`: the trial on a pool's unit (the run
+        records `trial`, the class's, and the unit in tags)."""
+        run_as = run_as or trial
+        dev_name = run_as.config["device"]["name"]
         conn = self.connections[dev_name]
-        outcome.run_id = recorder.start(trial, self.fingerprints[dev_name], self.identities.get(trial.index))
+        outcome.run_id = recorder.start(trial, {**self.fingerprints[dev_name], **self._unit_tags(dev_name)},
+                                        self.identities.get(trial.index))
         tlog = TrialLog(trial)
         started = time.monotonic()
-        tlog.logger.info("trial %d: %s (config %s)", trial.index, trial.label, trial.config_hash)
+        tlog.logger.info("trial %d: %s (config %s)%s", trial.index, trial.label, trial.config_hash,
+                         f" on {dev_name}" if run_as is not trial else "")
         retries = int(self.plan.sweep.get("connection_retries", 3))
-        cfg = typed_config(trial.config)
-        artifacts = {"config.yaml": yaml.safe_dump(trial.config, sort_keys=False)}
+        cfg = typed_config(run_as.config)
+        artifacts = {"config.yaml": yaml.safe_dump(run_as.config, sort_keys=False)}
         while True:
-            ctx = TrialContext(trial, cfg, conn, self.backend(trial), self.strategies.get(dev_name), tlog.logger,
+            ctx = TrialContext(run_as, cfg, conn, self.backend(run_as), self.strategies.get(dev_name), tlog.logger,
                                max_cv=self.plan.sweep.get("max_cv"))
             try:
                 for stage in self.stages:
@@ -550,14 +804,35 @@ class Sweep:
         recorder.finish(outcome, artifacts)
 
 
+class _Stopped(Exception):
+    """The sweep was interrupted: a worker starts no further run."""
+
+
+def _locked(method: Callable) -> Callable:
+    # A pool's workers share the tracker (its journal, spool switch and MLflow client): one call at a time, and
+    # never a write to a run that Ctrl-C has already marked KILLED.
+    def wrapper(self: "_Recorder", *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class _Recorder:
     """How a trial's run is written to the tracker (the only place that knows the run's layout)."""
 
-    def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str], experiment: str = ""):
+    def __init__(self, tracker: Any, exp_id: str, parent: str, common_tags: dict[str, str], experiment: str = "",
+                 lock: Optional[threading.RLock] = None):
         self.tracker, self.exp_id, self.parent, self.common_tags = tracker, exp_id, parent, common_tags
         self.experiment = experiment
+        self.lock = lock or threading.RLock()
+        self.closed = False  # Ctrl-C: no new run
+        self.killed: set[str] = set()  # runs Ctrl-C ended as KILLED: their workers write nothing more
 
+    @_locked
     def start(self, trial: Trial, fingerprint: dict[str, str], identity: Optional["TrialIdentity"]) -> str:
+        if self.closed:
+            raise _Stopped()
         cfg = trial.config
         # Params are the inputs that define the trial (its identity keys that have a value); the whole
         # resolved config is the config.yaml artifact.
@@ -587,7 +862,10 @@ class _Recorder:
         return self.tracker.start_run(self.exp_id, trial.short_label, parent_run_id=self.parent,
                                       params=params, tags=tags)
 
+    @_locked
     def measured(self, run_id: str, record: Result) -> None:
+        if run_id in self.killed:
+            return
         tags = dict(record.tags)
         tags.update({f"finding.{f.code}": f.message for f in record.findings})
         self.tracker.log(run_id, metrics=record.metrics, stepped=record.stepped, tags=tags)
@@ -599,7 +877,10 @@ class _Recorder:
             record.artifacts["findings.json"] = json.dumps([f.as_dict() for f in record.findings], indent=2,
                                                            default=str)
 
+    @_locked
     def finish(self, outcome: TrialOutcome, artifacts: dict[str, str]) -> None:
+        if outcome.run_id in self.killed:
+            return
         tags: dict[str, Any] = {"jbench.status": str(outcome.status)}
         if outcome.retries:
             tags["jbench.retries"] = outcome.retries
@@ -668,6 +949,8 @@ def _summary_rows(outcomes: list[TrialOutcome], dims: dict, tracker: Any, done: 
         if o.status == Status.SKIPPED and o.category == Category.RESUMED and o.run_id:
             metrics = tracker.run_record(o.run_id)["metrics"]
         row: dict[str, Any] = {"run": o.trial.short_label, "run_id": o.run_id or ""}
+        if o.device:
+            row["device"] = o.device
         row.update({k: str(o.trial.point.get(k, "")) for k in dims})
         row["status"] = str(o.status) if o.category != Category.RESUMED else "FINISHED (earlier)"
         for col in ("prefill_tps", "decode_tps", "decode_tokens_per_joule"):
@@ -678,6 +961,12 @@ def _summary_rows(outcomes: list[TrialOutcome], dims: dict, tracker: Any, done: 
             row["decode_wall_tokens_per_joule"] = round(float(v), 3) if v == v else None
         rows.append(row)
     return rows
+
+
+def _group_key(trial: Trial) -> tuple:
+    """Trials a pool's unit runs back to back: the same power state and model (one switch, one load)."""
+    p, m = trial.config.get("power") or {}, trial.config["model"]
+    return (p.get("mode"), p.get("jetson_clocks"), p.get("fan"), m["name"], m["quant"], trial.round)
 
 
 def _oom_key(trial: Trial) -> tuple:
