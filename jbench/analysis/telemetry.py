@@ -141,6 +141,18 @@ def throttling_findings(samples: list[dict], windows: list[PhaseWindow]) -> list
     return out
 
 
+def phase_window_energy(times: list[float], power: list[float], w: PhaseWindow,
+                        settings: EnergySettings) -> WindowEnergy:
+    """`window_energy` over a window, with the rule every power source shares: a prefill/decode window shorter
+    than energy.min_window_s is too short to integrate (sensors update every 50-100 ms or more)."""
+    we = window_energy(times, power, w.start, w.end, min_samples=settings.min_samples,
+                       min_coverage=settings.min_coverage)
+    if w.phase in ("prefill", "decode") and we.ok and w.duration < settings.min_window_s:
+        we = WindowEnergy(math.nan, math.nan, we.duration_s, we.n_samples, we.coverage,
+                          f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}")
+    return we
+
+
 def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: EnergySettings,
                    sensor_problem: Optional[str] = None) -> tuple[dict[str, float], dict[str, str]]:
     """Metrics per docs/metrics.md and the energy.* tags that explain them, with the throttling metrics
@@ -164,11 +176,7 @@ def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: E
         return metrics, {"energy.status": "not measured: the telemetry has no total-power signal"}
     by_phase: dict[str, WindowEnergy] = {}
     for w in windows:
-        we = window_energy(times, power, w.start, w.end, min_samples=settings.min_samples,
-                           min_coverage=settings.min_coverage)
-        if w.phase in ("prefill", "decode") and we.ok and w.duration < settings.min_window_s:
-            we = WindowEnergy(math.nan, math.nan, we.duration_s, we.n_samples, we.coverage,
-                              f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}")
+        we = phase_window_energy(times, power, w, settings)
         by_phase[w.phase] = we
         metrics[f"{w.phase}_window_s"] = w.duration
         metrics[f"{w.phase}_window_samples"] = we.n_samples

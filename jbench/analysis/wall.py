@@ -14,7 +14,7 @@ import math
 from typing import Optional
 
 from jbench.analysis.energy import window_energy
-from jbench.analysis.telemetry import EnergySettings, PhaseWindow, _series, counter_energy
+from jbench.analysis.telemetry import EnergySettings, PhaseWindow, _series, counter_energy, phase_window_energy
 
 # A counter is preferred when its quantisation error is at most this share of the window's energy.
 MAX_COUNTER_ERROR = 0.01
@@ -31,14 +31,11 @@ def wall_energy_metrics(samples: list[dict], windows: list[PhaseWindow], setting
         return metrics, {"wall.energy.status": "not measured: the wall meter gave no power samples"}
     bad: dict[str, str] = {}
     for w in windows:
-        we = window_energy(times, power, w.start, w.end, min_samples=settings.min_samples,
-                           min_coverage=settings.min_coverage)
+        we = phase_window_energy(times, power, w, settings)
         metrics[f"{w.phase}_wall_window_samples"] = we.n_samples
         if not math.isnan(we.coverage):
             metrics[f"{w.phase}_wall_energy_coverage"] = we.coverage
         status = we.status
-        if we.ok and w.phase in ("prefill", "decode") and w.duration < settings.min_window_s:
-            status = f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}"
         tags[f"wall.{w.phase}.status"] = status
         if status != "ok":
             bad[w.phase] = status
