@@ -213,12 +213,13 @@ def _store_answer(uri: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def test_database_stopped_mid_sweep_spools_and_syncs_once(team_store, tmp_path, monkeypatch):  # noqa: F811
+def test_database_stopped_mid_sweep_spools_and_syncs_once(team_store, tmp_path):  # noqa: F811
     """PostgreSQL stopped (pg_ctl stop -m fast) under a running sweep with tracking.unreachable=spool: the server
-    answers 503, the sweep measures on into its spool, `jbench sync` waits for the database and then uploads every
-    run exactly once."""
+    answers 503, the sweep measures on into its spool, `jbench sync` waits for the database, stops cleanly when the
+    database goes down again under it, and uploads every run exactly once."""
     from mlflow.exceptions import MlflowException
 
+    from jbench.tracking.sync import SyncError, sync as run_sync
     from jbench.tracking.writer import unreachable
 
     experiment = "team-db-outage"
@@ -239,10 +240,9 @@ def test_database_stopped_mid_sweep_spools_and_syncs_once(team_store, tmp_path, 
         # Measured: /health still says OK, every store request is a 503 naming the database's failure.
         status, body = _store_answer(team_store.uri)
         assert status == 503 and '"TEMPORARILY_UNAVAILABLE"' in body and "OperationalError" in body, (status, body)
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the server's own answer reaches the client
-        with pytest.raises(MlflowException) as answer:
+        with pytest.raises(MlflowException) as answer:  # MLflow's client, with jbench's retry settings
             MlflowClient(team_store.uri).search_experiments(max_results=1)
-        assert unreachable(answer.value), repr(answer.value)  # no answer from the store, not a refused request
+        assert "503" in str(answer.value) and unreachable(answer.value), repr(answer.value)  # not a refusal
         out, err = proc.communicate(timeout=600)
         # While the database is down: a new sweep that may not spool stops before measuring, sync waits.
         res = jbench_cli(["sweep", *args, "tracking.unreachable=stop"], env_extra=env)
@@ -264,8 +264,20 @@ def test_database_stopped_mid_sweep_spools_and_syncs_once(team_store, tmp_path, 
                spool.search_runs([spool.get_experiment_by_name(experiment).experiment_id])}
     assert spooled and all(r.info.status == "FINISHED" for r in spooled.values())
 
-    res = jbench_cli(["sync"], env_extra=env)  # the database is back: the server answers again by itself
-    assert res.returncode == 0 and f"synced {len(spooled)} run(s)" in res.stdout, res.stdout + res.stderr
+    # The database is back (the server answers again by itself), then goes down under the sync after one run.
+    def database_dies_after_the_first_run(step: str) -> None:
+        if step.startswith("synced ") and (team_store.pg.data / "postmaster.pid").exists():
+            team_store.pg.stop("fast")
+
+    try:
+        with pytest.raises(SyncError, match=r"stopped answering after 1 run\(s\)"):
+            run_sync(results, team_store.uri, progress=database_dies_after_the_first_run)
+    finally:
+        if not (team_store.pg.data / "postmaster.pid").exists():
+            team_store.pg.start()
+    res = jbench_cli(["sync"], env_extra=env)
+    assert res.returncode == 0 and f"synced {len(spooled) - 1} run(s)" in res.stdout and "1 synced before" in \
+        res.stdout, res.stdout + res.stderr
     runs = _runs(team_store.uri, experiment)
     trials = [r for r in runs if r.data.tags.get("jbench.kind") == "trial"]
     assert [r.data.tags.get("jbench.kind") for r in runs].count("sweep") == 1

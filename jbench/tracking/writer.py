@@ -20,7 +20,6 @@ already has). That is all it takes to be journaled and spooled. A write to an ex
 from __future__ import annotations
 
 import functools
-import re
 import tempfile
 import time
 import uuid
@@ -42,25 +41,20 @@ _SPOOL_PREFIX = "spool:"  # experiment ids handed out while spooling (never conf
 
 _DOWN_MARKERS = ("Max retries exceeded", "Connection refused", "Failed to establish", "Connection aborted",
                  "RemoteDisconnected", "Read timed out", "too many 50", "Connection reset", "timed out")
-_SERVER_ERROR = re.compile(r"failed with error code 5\d\d ")  # MLflow's message for a non-JSON answer
 
 
 def unreachable(exc: BaseException) -> bool:
     """True when `exc` (or what caused it) says the tracking server did not answer, not that it refused a request.
-    A 5xx answer counts as no answer: an `mlflow server` whose database is down answers every store request with
-    HTTP 503 TEMPORARILY_UNAVAILABLE (measured, docs/team-store.md), and comes back by itself with the database."""
+    A 5xx answer counts as no answer: MLflow's client retries 500/502/503/504 and then fails with "too many 5xx
+    error responses"; an `mlflow server` whose database is down answers every store request with HTTP 503
+    (measured, docs/team-store.md) and comes back by itself with the database."""
     import requests
-    from mlflow.exceptions import RestException
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError,
                             TimeoutError)):
-            return True
-        if isinstance(exc, RestException) and exc.get_http_status_code() >= 500:  # the server's own JSON error
-            return True
-        if _SERVER_ERROR.search(str(exc)):  # a 5xx without a JSON body (a proxy in front of the server)
             return True
         if any(m in str(exc) for m in _DOWN_MARKERS):
             return True
