@@ -1,10 +1,16 @@
 """Sweeps across a device class (`device=@CLASS`): three emulated Orin Nano Supers (real sshd on loopback), an
 engine whose device-side work is a fixed sleep (tests/fixtures/engine/sleep_engine.sh), so the tests measure the
 controller: every trial once, spread over the units, each unit's power state restored, a lost unit's trials run
-by the others, pinning, resume whichever unit ran a trial, and the class's places leased from a real coordinator."""
+by the others, pinning, resume whichever unit ran a trial, and the class's places leased from a real coordinator;
+each unit's serial in its runs, a controller SIGKILLed mid-sweep cleaned up and completed by a re-run, Ctrl-C."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +26,7 @@ from jbench.sweeps.sweep import Sweep
 
 from .conftest import jbench_cli
 from .labgrid_fixture import coordinator  # noqa: F401  (a fixture)
+from .labgrid_fixture import eventually
 from .test_ssh_devices import device_cfg
 
 SLEEP_ENGINE = Path(__file__).parent / "fixtures" / "engine" / "sleep_engine.sh"
@@ -188,14 +195,6 @@ def test_a_class_sweep_leases_the_class_places_from_the_coordinator(coordinator,
 
 # -- the unit's identity, a dead controller, Ctrl-C (issue 14: robustness of class sweeps) ------------------------
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import sqlite3  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-from .labgrid_fixture import eventually  # noqa: E402
-
 
 def _sleepy(conf: Path, seconds: float) -> Path:
     """The sleep engine's duration changed: long enough that a signal lands while trials run."""
@@ -209,9 +208,10 @@ def _sleepy(conf: Path, seconds: float) -> Path:
 def _popen_jbench(argv: list[str], tmp_path: Path, env_extra: dict) -> subprocess.Popen:
     """`jbench` as a user starts it, in the background (output to files: a full pipe must not stall it)."""
     env = {**os.environ, "COLUMNS": "200", **env_extra}
-    out, err = open(tmp_path / "sweep.out", "w"), open(tmp_path / "sweep.err", "w")
-    return subprocess.Popen([str(Path(sys.executable).with_name("jbench")), *argv], stdout=out, stderr=err,
-                            env=env, start_new_session=True)
+    # The child keeps its own copies of the files.
+    with open(tmp_path / "sweep.out", "w") as out, open(tmp_path / "sweep.err", "w") as err:
+        return subprocess.Popen([str(Path(sys.executable).with_name("jbench")), *argv], stdout=out, stderr=err,
+                                env=env, start_new_session=True)
 
 
 def _trial_states(results: Path) -> list[tuple[str, str, str]]:
@@ -242,8 +242,8 @@ def _lease_file(emu, name: str) -> Path:
     return emu.home / ".cache" / "jbench" / f"lease-{name}.json"  # the on-device lease (state_dir ~/.cache/jbench)
 
 
-def _farm_places(coordinator: str) -> None:  # noqa: F811
-    with Coordinator(coordinator) as c:
+def _farm_places(address: str) -> None:
+    with Coordinator(address) as c:
         for name in UNITS:
             c.add_place(f"jetson-{name}")
             c.set_tags(f"jetson-{name}", {"class": CLASS, P.DEVICE: name, P.HEALTH: P.HEALTHY})
