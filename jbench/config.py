@@ -30,6 +30,8 @@ class DevicePaths:
     nvpmodel_conf: str = nonident("/etc/nvpmodel.conf")
     device_tree_model: str = nonident("/proc/device-tree/model")
     tegra_release: str = nonident("/etc/nv_tegra_release")
+    # The unit's serial number, a device-tree string where jetson-stats and NVIDIA's jetson-zoo read it.
+    serial_number: str = nonident("/sys/firmware/devicetree/base/serial-number")
     # Changes at every boot: how jbench knows a reboot really happened.
     boot_id: str = nonident("/proc/sys/kernel/random/boot_id")
     # nvpmodel's record of the mode its boot service applies at the next boot ("pmode:0002").

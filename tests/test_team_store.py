@@ -186,3 +186,111 @@ def test_database_uri_is_refused_with_the_fix_and_no_password(team_store, bundle
         assert pg.password not in res.stdout + res.stderr and "Traceback" not in res.stderr
         assert "mlflow server" in res.stderr and f"{pg.role}:***@" in res.stderr, res.stderr
     assert not (tmp_path / "r").exists()
+
+
+SLEEP_ENGINE = Path(__file__).parent / "fixtures" / "engine" / "sleep_engine.sh"
+
+
+def _sleepy_conf(tmp_path: Path, seconds: float) -> Path:
+    """A backend whose device-side work is a fixed sleep on this machine: the test is about the records."""
+    conf = tmp_path / "conf"
+    (conf / "backend").mkdir(parents=True)
+    (conf / "backend" / "sleepy.yaml").write_text(
+        "defaults: [engine_schema, _self_]\nname: engine\noutput: log\nn_prompt: 16\nn_gen: 8\nrepetitions: 1\n"
+        f'command: ["{SLEEP_ENGINE}", "{seconds}", "{{prompt_tokens}}", "{{gen_tokens}}"]\n')
+    return conf
+
+
+def _store_answer(uri: str) -> tuple[int, str]:
+    """What the server answers to a store request (an experiment search), as a client sees it on the wire."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_database_stopped_mid_sweep_spools_and_syncs_once(team_store, tmp_path):  # noqa: F811
+    """PostgreSQL stopped (pg_ctl stop -m fast) under a running sweep with tracking.unreachable=spool: the server
+    answers 503, the sweep measures on into its spool, `jbench sync` waits for the database, stops cleanly when the
+    database goes down again under it, and uploads every run exactly once."""
+    from mlflow.exceptions import MlflowException
+
+    from jbench.tracking.sync import SyncError, sync as run_sync
+    from jbench.tracking.writer import unreachable
+
+    experiment = "team-db-outage"
+    args = ["--config-dir", str(_sleepy_conf(tmp_path, 2.0)), "backend=sleepy", "backend.n_gen=4,8,16,32,64,128",
+            "telemetry.source=none", "thermal.start_below_c=null", f"tracking.experiment_name={experiment}",
+            "device.lease_wait_s=600"]
+    results = tmp_path / "c"
+    env = {"JBENCH_RESULTS_DIR": str(results), "MLFLOW_TRACKING_URI": team_store.uri}
+    proc = _sweep([*args, "tracking.unreachable=spool"], results, team_store.uri)
+    try:
+        deadline = time.monotonic() + 600
+        while not any(r.info.status == "FINISHED" for r in _runs(team_store.uri, experiment)
+                      if r.data.tags.get("jbench.kind") == "trial"):
+            assert proc.poll() is None, "the sweep ended before its first trial was recorded"
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        team_store.pg.stop("fast")
+        # Measured: /health still says OK, every store request is a 503 naming the database's failure.
+        status, body = _store_answer(team_store.uri)
+        assert status == 503 and '"TEMPORARILY_UNAVAILABLE"' in body and "OperationalError" in body, (status, body)
+        with pytest.raises(MlflowException) as answer:  # MLflow's client, with jbench's retry settings
+            MlflowClient(team_store.uri).search_experiments(max_results=1)
+        assert "503" in str(answer.value) and unreachable(answer.value), repr(answer.value)  # not a refusal
+        out, err = proc.communicate(timeout=600)
+        # While the database is down: a new sweep that may not spool stops before measuring, sync waits.
+        res = jbench_cli(["sweep", *args, "tracking.unreachable=stop"], env_extra=env)
+        assert res.returncode == 2 and "its store does not" in res.stderr, res.stdout + res.stderr
+        res = jbench_cli(["sync"], env_extra=env)
+        assert res.returncode == 2 and "its store does not" in res.stderr and "untouched" in res.stderr, \
+            res.stdout + res.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if not (team_store.pg.data / "postmaster.pid").exists():
+            team_store.pg.start()
+    assert proc.returncode == 0, out + err
+    assert "Traceback" not in out + err, out + err
+    assert len([ln for ln in (out + err).splitlines() if "measuring on into the spool" in ln]) == 1, out + err
+    spool = MlflowClient(f"sqlite:///{results}/spool/mlflow.db")
+    spooled = {r.data.tags["jbench.run_uid"]: r for r in
+               spool.search_runs([spool.get_experiment_by_name(experiment).experiment_id])}
+    assert spooled and all(r.info.status == "FINISHED" for r in spooled.values())
+
+    # The database is back (the server answers again by itself), then goes down under the sync after one run.
+    def database_dies_after_the_first_run(step: str) -> None:
+        if step.startswith("synced ") and (team_store.pg.data / "postmaster.pid").exists():
+            team_store.pg.stop("fast")
+
+    try:
+        with pytest.raises(SyncError, match=r"stopped answering after 1 run\(s\)"):
+            run_sync(results, team_store.uri, progress=database_dies_after_the_first_run)
+    finally:
+        if not (team_store.pg.data / "postmaster.pid").exists():
+            team_store.pg.start()
+    res = jbench_cli(["sync"], env_extra=env)
+    assert res.returncode == 0 and f"synced {len(spooled) - 1} run(s)" in res.stdout and "1 synced before" in \
+        res.stdout, res.stdout + res.stderr
+    runs = _runs(team_store.uri, experiment)
+    trials = [r for r in runs if r.data.tags.get("jbench.kind") == "trial"]
+    assert [r.data.tags.get("jbench.kind") for r in runs].count("sweep") == 1
+    assert sorted(int(r.data.tags["jbench.trial_index"]) for r in trials) == [1, 2, 3, 4, 5, 6]  # each once
+    assert len({r.data.tags["jbench.run_uid"] for r in runs}) == len(runs) == 7
+    assert all(r.info.status == "FINISHED" and r.info.end_time for r in runs)
+    client = MlflowClient(team_store.uri)
+    for t in trials:  # nothing measured lost: the spooled figures are the server's
+        assert t.data.metrics["decode_tps"] > 0
+        if t.data.tags["jbench.run_uid"] in spooled:
+            assert spooled[t.data.tags["jbench.run_uid"]].data.metrics == t.data.metrics
+        assert "trial.log" in _listing(client, t.info.run_id)
+    before = sorted((r.info.run_id, r.info.end_time) for r in runs)
+    res = jbench_cli(["sync"], env_extra=env)
+    assert res.returncode == 0 and "synced 0 run(s)" in res.stdout, res.stdout + res.stderr
+    assert sorted((r.info.run_id, r.info.end_time) for r in _runs(team_store.uri, experiment)) == before

@@ -183,9 +183,13 @@ def jetpack_for_l4t(l4t: Optional[str]) -> Optional[str]:
 
 
 # One round trip; the paths are passed as positional arguments ($1..$3), never pasted into the script.
+# The serial ($3) is the device tree's serial-number node, read as jetson-stats does
+# (jtop/core/jetson_variables.py get_jetson_variables, rbonghi/jetson_stats @01f201f) and NVIDIA's jetson-zoo
+# script (`tr -d '\0' < /sys/firmware/devicetree/base/serial-number`); a NUL-terminated string.
 _PROBE = r"""
 echo '@@model'; tr -d '\0' < "$1" 2>/dev/null; echo
 echo '@@release'; cat "$2" 2>/dev/null
+echo '@@serial'; tr -d '\0' < "$3" 2>/dev/null; echo
 echo '@@jetpack'; dpkg-query -W -f='${Version}' nvidia-jetpack 2>/dev/null; echo
 echo '@@cuda'; (cat /usr/local/cuda/version.json 2>/dev/null | grep -m1 -A1 '"cuda"' | grep version) || (nvcc --version 2>/dev/null | grep release)
 echo '@@tensorrt'; dpkg-query -W -f='${Version}' tensorrt 2>/dev/null || dpkg-query -W -f='${Version}' libnvinfer10 2>/dev/null || dpkg-query -W -f='${Version}' libnvinfer8 2>/dev/null; echo
@@ -196,11 +200,15 @@ echo '@@nvpmodel'; nvpmodel -q 2>/dev/null
 
 def jetson_fingerprint(conn: Connection, paths: dict) -> dict[str, str]:
     """jetson.* tags read on the device; a fact the device does not show is left out."""
-    res = conn.run(["sh", "-c", _PROBE, "sh", paths["device_tree_model"], paths["tegra_release"]], timeout=30)
+    serial_path = paths.get("serial_number") or "/sys/firmware/devicetree/base/serial-number"
+    res = conn.run(["sh", "-c", _PROBE, "sh", paths["device_tree_model"], paths["tegra_release"], serial_path],
+                   timeout=30)
     s = parse_sections(res.stdout)
     tags: dict[str, str] = {}
     if s.get("model"):
         tags["jetson.module"] = s["model"]
+    if s.get("serial"):  # tells units of one class apart in results
+        tags["jetson.serial"] = s["serial"]
     l4t = parse_tegra_release(s.get("release", ""))
     if l4t:
         tags["jetson.l4t"] = l4t

@@ -460,16 +460,18 @@ class Sweep:
 
     def _reap_dead_runs(self, tracker: Any, exp_id: str) -> None:
         """Runs a dead controller left RUNNING become KILLED with the reason, never stay RUNNING: its controller
-        ran on this host and is gone, or the run's device is now leased by us (so its controller lost it)."""
+        ran on this host and is gone, or the run's device is now leased by us (so its controller lost it). A class
+        sweep's run names the class as its device: its unit (tag device.unit) is the device leased."""
         me = controller_id()
         dead_sweeps: set[str] = set()
         running = tracker.running_runs(exp_id)
         for run_id, tags, params in running:
             owner = tags.get("jbench.controller", "")
             reason = controller_gone(owner) if owner and owner != me else None
+            device = tags.get("device.unit") or params.get("device.name")
             if reason is None and tags.get("jbench.kind") == "trial" and tags.get("jbench.sweep_id") != self.sweep_id \
-                    and params.get("device.name") in self.leases:
-                reason = f"device '{params['device.name']}' was leased by sweep {self.sweep_id}: its controller was gone"
+                    and device in self.leases:
+                reason = f"device '{device}' was leased by sweep {self.sweep_id}: its controller was gone"
             if reason:
                 dead_sweeps.add(tags.get("jbench.sweep_id", ""))
                 tracker.log(run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": f"controller died: {reason}"})

@@ -154,7 +154,8 @@ def store_exists(uri: str) -> bool:
 # -- checks before anything runs (no MLflow import) ----------------------------------------------------
 
 def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
-    """Why the MLflow server at `uri` cannot be used, or None when its /health answers (local stores: None)."""
+    """Why the MLflow server at `uri` cannot be used, or None when its /health and its store answer (local stores:
+    None)."""
     if not is_remote(uri):
         return None
     from urllib.parse import urlsplit, urlunsplit
@@ -169,11 +170,27 @@ def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
             token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            if resp.status == 200:
-                return None
-            return f"its /health answered HTTP {resp.status}"
+            if resp.status != 200:
+                return f"its /health answered HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"its /health answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"it does not answer ({reason})"
+    # /health answers without the store: with its database down the server answers every store request with
+    # HTTP 503 (measured, docs/team-store.md). Ask the store once; only a 5xx counts (auth is checked later).
+    request.full_url = request.full_url[:-len("/health")] + "/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            return None
+        try:
+            code = json.loads(exc.read() or b"{}").get("error_code") or ""
+        except ValueError:
+            code = ""
+        return f"it answers, but its store does not (HTTP {exc.code} {code}; is the server's database up?)"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return f"it does not answer ({reason})"

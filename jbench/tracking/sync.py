@@ -20,7 +20,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 import jbench.tracking.artifacts  # noqa: F401  (the spool's mlflow-artifacts:/ locations)
 from jbench.tracking.common import _BATCH, RUN_UID_TAG, SYNCED_TAG, local_uri, redact, server_problem, spool_dir
-from jbench.tracking.writer import PARENT_UID_TAG, SPOOLED_FOR_TAG
+from jbench.tracking.writer import PARENT_UID_TAG, SPOOLED_FOR_TAG, unreachable
 
 
 class SyncError(Exception):
@@ -81,7 +81,18 @@ def sync(results_dir: str | Path, uri: str, progress: Callable[[str], None] = la
     if down:
         raise SyncError(f"tracking server {redact(uri)}: {down}; nothing was uploaded and the spool "
                         f"{spool_dir(results_dir)} is untouched. Start the server and run `jbench sync` again")
-    local, server = MlflowClient(spool), MlflowClient(uri)
+    try:
+        _sync(MlflowClient(spool), MlflowClient(uri), result, progress)
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        # What was uploaded is marked; the run being uploaded is completed by the next sync (by run identity).
+        raise SyncError(f"tracking server {redact(uri)} stopped answering after {len(result.uploaded)} run(s); "
+                        "run `jbench sync` again once it is back") from None
+    return result
+
+
+def _sync(local: MlflowClient, server: MlflowClient, result: SyncResult, progress: Callable[[str], None]) -> None:
     uid_to_server: dict[str, str] = {}
     for exp in local.search_experiments():
         runs = _all_runs(local, exp.experiment_id)
@@ -106,7 +117,6 @@ def sync(results_dir: str | Path, uri: str, progress: Callable[[str], None] = la
             local.set_tag(run.info.run_id, SYNCED_TAG, server_id)
             result.uploaded.append((run.info.run_id, server_id))
             progress(f"synced {run.info.run_name}")
-    return result
 
 
 def _server_run(server: MlflowClient, exp_id: str, uid: str):

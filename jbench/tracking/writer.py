@@ -44,7 +44,10 @@ _DOWN_MARKERS = ("Max retries exceeded", "Connection refused", "Failed to establ
 
 
 def unreachable(exc: BaseException) -> bool:
-    """True when `exc` (or what caused it) says the tracking server did not answer, not that it refused a request."""
+    """True when `exc` (or what caused it) says the tracking server did not answer, not that it refused a request.
+    A 5xx answer counts as no answer: MLflow's client retries 500/502/503/504 and then fails with "too many 5xx
+    error responses"; an `mlflow server` whose database is down answers every store request with HTTP 503
+    (measured, docs/team-store.md) and comes back by itself with the database."""
     import requests
 
     seen: set[int] = set()

@@ -20,6 +20,7 @@ Needs: /usr/sbin/sshd, ssh-keygen and (for the tests) the ssh client -- Debian/U
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import shutil
@@ -58,6 +59,15 @@ _running: "List[EmulatedJetson]" = []
 
 class EmulatorError(RuntimeError):
     pass
+
+
+_serials = itertools.count(1)
+
+
+def _next_serial() -> str:
+    """A serial number of its own for each emulated unit: 13 digits like a Jetson devkit's label (emulator
+    assumption on the format); the pid keeps units of concurrent test processes apart."""
+    return f"14{os.getpid() % 1000000:06d}{next(_serials):05d}"
 
 
 def next_loopback_address() -> str:
@@ -130,7 +140,7 @@ class EmulatedJetson:
     Device attributes: module, profile (dict from emu_profiles), title, l4t, jetpack, product_profile, modes,
     default_mode, state_dir, home, root_home, bin_dir, nvpmodel_conf_path, device_tree_model_path,
     nv_tegra_release_path, boot_id_path, nvpmodel_status_path, gpu_railgate_path, commands_log_path, sshd_log_path,
-    base_dir.
+    base_dir, serial (the unit's serial number, distinct per emulated unit), serial_number_path.
     """
 
     def __init__(self, module: str, base_dir: Path, host: str, port: int, owns_base_dir: bool) -> None:
@@ -164,6 +174,9 @@ class EmulatedJetson:
         self.known_hosts_path = client_dir / "known_hosts"
         self.nvpmodel_conf_path = self.state_dir / "nvpmodel.conf"
         self.device_tree_model_path = self.state_dir / "device-tree-model"
+        # /sys/firmware/devicetree/base/serial-number analogue (jetson-stats reads the serial there)
+        self.serial_number_path = self.state_dir / "serial-number"
+        self.serial = ""
         self.nv_tegra_release_path = self.state_dir / "nv_tegra_release"
         self.boot_id_path = self.state_dir / "boot_id"
         self.nvpmodel_status_path = self.state_dir / "nvpmodel_status"
@@ -187,7 +200,7 @@ class EmulatedJetson:
               reboot_delay_s: float = 3.0, reboot_grace_s: float = 0.5, sudo_password: Optional[str] = None,
               nvpmodel_mode: Optional[int] = None, clocks_locked: bool = False, login_is_root: bool = False,
               sudo_timestamp_timeout_s: float = 900.0, start_timeout_s: float = 15.0, real_paths: bool = False,
-              jtop: bool = False) -> "EmulatedJetson":
+              jtop: bool = False, serial: Optional[str] = None) -> "EmulatedJetson":
         """Create the device's files, start its supervisor+sshd and wait (bounded) until sshd accepts connections.
 
         real_paths=True: the device's files at their real paths (/sys, /run, /etc, ...) in the mount namespace of its
@@ -202,6 +215,7 @@ class EmulatedJetson:
         host = host or next_loopback_address()
         emu = cls(module, base, host, _free_port(host), owns)
         emu.real_paths, emu.jtop_venv = real_paths, (jtop_venv() if jtop else None)
+        emu.serial = serial or _next_serial()
         try:
             emu._prepare(reboot_delay_s=reboot_delay_s, reboot_grace_s=reboot_grace_s, sudo_password=sudo_password,
                          nvpmodel_mode=nvpmodel_mode, clocks_locked=clocks_locked, login_is_root=login_is_root,
@@ -263,6 +277,7 @@ class EmulatedJetson:
         (self.root_home / ".bashrc").write_text("")
         prof = self.profile
         self.device_tree_model_path.write_bytes(prof["device_tree_model"].encode() + b"\0")  # real file ends in NUL
+        self.serial_number_path.write_bytes(self.serial.encode() + b"\0")  # a device-tree string: NUL-terminated
         self.nv_tegra_release_path.write_text(prof["nv_tegra_release"])
         self.nvpmodel_conf_path.write_text(emu_profiles.nvpmodel_conf_text(prof))
         boot_id = str(uuid.uuid4())
@@ -282,7 +297,7 @@ class EmulatedJetson:
         emu_state.write_text_atomic(str(self.state_dir / emu_state.STATE_FILE), json.dumps(state, indent=1) + "\n")
         self.gpu_railgate_path.write_text(f"{state['gpu_railgate_enable']}\n")
         if self.real_paths:
-            self.tree = emu_sysfs.Tree(str(self.base_dir), prof)
+            self.tree = emu_sysfs.Tree(str(self.base_dir), prof, serial=self.serial)
             if self.jtop_venv:
                 self.tree.base_prefix = subprocess.run(
                     [str(self.jtop_venv / "bin" / "python3"), "-c", "import sys; print(sys.base_prefix)"],
@@ -632,6 +647,7 @@ class EmulatedJetson:
             "profile": self.product_profile,
             "paths": {"nvpmodel_conf": str(self.nvpmodel_conf_path),
                       "device_tree_model": str(self.device_tree_model_path),
+                      "serial_number": str(self.serial_number_path),
                       "tegra_release": str(self.nv_tegra_release_path),
                       "boot_id": str(self.boot_id_path),
                       "gpu_railgate": str(self.gpu_railgate_path)},

@@ -105,9 +105,10 @@ def _link(target: str, path: str) -> None:
 class Tree:
     """The emulated files of one device (paths inside `root` mirror the real ones)."""
 
-    def __init__(self, base_dir: str, prof: Dict[str, Any]) -> None:
+    def __init__(self, base_dir: str, prof: Dict[str, Any], serial: str = "") -> None:
         self.root = os.path.join(base_dir, ROOT_DIR)
         self.prof = prof
+        self.serial = serial  # the unit's serial number (serial-number node of the device tree)
         self.kind = prof["tegrastats"]
         self.hwmon: Dict[str, str] = {}  # hwmon name key -> real path of its directory (as the device sees it)
         self.oc_counts = [0.0, 0.0, 0.0]
@@ -199,6 +200,10 @@ class Tree:
         _w(self.p(f"{emc}/max_rate"), f"{max(m['emc_max_hz'] for m in prof['modes'])}\n")
         # /proc/device-tree is a link to /sys/firmware/devicetree/base on a Jetson; the tree ends in a NUL byte
         _w(self.p("/sys/firmware/devicetree/base/model"), prof["device_tree_model"] + "\0")
+        # The unit's serial, where jetson-stats reads it (jtop/core/jetson_variables.py, get_jetson_variables:
+        # cat("/sys/firmware/devicetree/base/serial-number"); rbonghi/jetson_stats @01f201f); NUL-terminated.
+        if self.serial:
+            _w(self.p("/sys/firmware/devicetree/base/serial-number"), self.serial + "\0")
         _w(self.p("/etc/nv_tegra_release"), prof["nv_tegra_release"])
         _w(self.p("/etc/nvpmodel.conf"), P.nvpmodel_conf_text(prof))
         # The jtop group, as `jtop --install-service` creates it (groupadd jtop; usermod -a -G jtop <user>)

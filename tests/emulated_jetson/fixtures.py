@@ -10,7 +10,7 @@ in the root conftest, or import the fixture names into a test module).
   per test (function scope).
 Options: reboot_delay_s (3.0), reboot_grace_s (0.5), sudo_password (None), nvpmodel_mode (module default),
 clocks_locked (False: nothing locked; True: everything a plain jetson_clocks locks), login_is_root (False),
-sudo_timestamp_timeout_s (900), host (next 127.0.0.N), start_timeout_s (15).
+sudo_timestamp_timeout_s (900), host (next 127.0.0.N), start_timeout_s (15), serial (generated, distinct per unit).
 """
 
 from __future__ import annotations
