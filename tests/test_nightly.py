@@ -35,8 +35,8 @@ UNITS = ("u1", "u2")
 N_GEN = (4, 8)  # two configurations
 REPS = 5  # 5 vs 5 repetitions: the smallest attainable Mann-Whitney p is 2/252 < alpha = 0.01
 EXPERIMENT = "nightly_lab"  # the lab's own matrix (small: 2 configurations)
-COMMON = ["--experiment", EXPERIMENT, "backend=sleepy", "telemetry.source=none", "thermal.start_below_c=null", "power.mode=15W",
-          "power.jetson_clocks=true"]
+COMMON = ["--experiment", EXPERIMENT, "backend=sleepy", "telemetry.source=none", "thermal.start_below_c=null",
+          "power.mode=15W", "power.jetson_clocks=true"]
 
 
 def _conf(tmp_path: Path, emus: dict, *, device_class: str | None = CLASS) -> Path:
@@ -67,8 +67,9 @@ def _client(results: Path) -> MlflowClient:
 def _runs(results: Path, sweep_id: str | None = None, kind: str = "trial") -> list:
     client = _client(results)
     exp = client.get_experiment_by_name(EXPERIMENT)
-    return [r for r in client.search_runs([exp.experiment_id], max_results=1000)
-            if r.data.tags.get("jbench.kind") == kind and (sweep_id is None or r.data.tags["jbench.sweep_id"] == sweep_id)]
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return [r for r in runs if r.data.tags.get("jbench.kind") == kind
+            and (sweep_id is None or r.data.tags["jbench.sweep_id"] == sweep_id)]
 
 
 def _sweep_id(results: Path) -> str:
@@ -105,7 +106,8 @@ def _class_frame(rates: dict) -> tuple[pd.DataFrame, dict]:
         pre[run_id] = [20 * v for v in dec[run_id]]
         rows.append({"run_id": run_id, "experiment": "nightly", "status": "FINISHED",
                      "start_time": t0 + pd.Timedelta(days=int(sweep[-1]), minutes=i), "tags.jbench.kind": "trial",
-                     "tags.jbench.config_hash": "h1", "tags.jbench.sweep_id": sweep, "tags.jbench.trial_label": "n_gen=4",
+                     "tags.jbench.config_hash": "h1", "tags.jbench.sweep_id": sweep,
+                     "tags.jbench.trial_label": "n_gen=4",
                      "tags.device.name": f"@{CLASS}", "tags.device.unit": unit,
                      "metrics.decode_tps": sum(dec[run_id]) / 5, "metrics.prefill_tps": sum(pre[run_id]) / 5})
     return pd.DataFrame(rows), {"decode_tps_rep": dec, "prefill_tps_rep": pre}
@@ -124,7 +126,8 @@ def test_regress_compares_a_class_sweep_per_unit():
     # JUnit per rate: one case per unit x configuration x rate, failures on the regressed unit's rates only.
     cases = ET.fromstring(rep.to_junit_xml("jbench.nightly", per_metric=True)).findall("testcase")
     assert len(cases) == 2 * 1 * 2
-    assert sorted((c.get("classname"), c.get("name").rsplit(" ", 1)[1]) for c in cases if c.find("failure") is not None) \
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert sorted((c.get("classname"), c.get("name").rsplit(" ", 1)[1]) for c in failed) \
         == [("jbench.nightly.u2", "decode_tps"), ("jbench.nightly.u2", "prefill_tps")]
 
 
@@ -274,3 +277,39 @@ def test_ctrl_c_releases_the_places_and_restores_the_units(coordinator, two_unit
     assert killed and all(r.data.tags["jbench.failure_reason"] == "interrupted (Ctrl-C)" for r in killed)
     for name, emu in two_units.items():
         assert _restored(emu), (name, emu.clock_state(), err[:3000])
+
+
+@pytest.mark.ssh
+def test_a_unit_lost_mid_night_keeps_its_trials_and_fails_the_night(two_units, tmp_path):
+    # Every unit runs the whole matrix, so a lost unit's trials are not handed to another unit (that unit's
+    # results would then hold two runs of one configuration): they are recorded as not run, and the night fails.
+    # connection_retries=0: the lost trial fails at once (a retry would wait for the blocked unit to come back).
+    conf = _conf(tmp_path, two_units)
+    lost = two_units["u2"]
+    (lost.home / "engine_slowdown").write_text("5\n")  # 1.5 s a repetition: still running when its session dies
+    cut: list[int] = []
+
+    def on_start(trial) -> None:
+        if trial.config["device"]["name"] == "u2" and not cut:
+            cut.append(trial.index)
+            lost.die_after(0.3, match=[UNIT_ENGINE.name, "sleep_engine.sh"])  # the first execs the second
+            lost.block()
+
+    junit = tmp_path / "n.xml"
+    try:
+        result = run_nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=tmp_path / "r",
+                             overrides=[*COMMON[2:], "sweep.connection_retries=0"], junit=junit,
+                             on_trial_start=on_start)
+    finally:
+        lost.unblock()
+    assert cut, "u2 never started a trial"
+    assert result.exit_code == EXIT_TRIALS_FAILED, result.markdown
+    assert Counter((o.device, o.trial.index, str(o.status)) for o in result.outcomes if o.device == "u1") \
+        == Counter(("u1", i, "FINISHED") for i in (1, 2))  # u1 ran its own matrix once, nothing of u2's
+    failed = sorted((o.device, o.trial.index) for o in result.failed)
+    assert failed == [("u2", 1), ("u2", 2)], result.markdown
+    assert any(o.error.startswith("not run: 'u2' was dropped") for o in result.failed)
+    assert any("device 'u2' dropped" in n and "its other trials were not run" in n for n in result.notes)
+    errors = [c for c in _cases(junit) if c.find("error") is not None]
+    assert {c.get("classname") for c in errors} == {f"jbench.nightly.{CLASS}.u2"} and len(errors) == 2
+    assert _restored(two_units["u1"])

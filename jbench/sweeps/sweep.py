@@ -636,8 +636,8 @@ class Sweep:
         for name, queue in queues.items():  # what is left (no unit to take it) is recorded as not run
             why = f"'{name}' was dropped" if self.every_unit else f"no unit of {self.pool.name} was left"
             for trial in (t for group in queue for t in group):
-                outcome = TrialOutcome(trial, Status.FAILED, category=Category.DEVICE, error=f"not run: {why} (see the notes)",
-                                       device=name if self.every_unit else None)
+                outcome = TrialOutcome(trial, Status.FAILED, category=Category.DEVICE,
+                                       error=f"not run: {why} (see the notes)", device=name if self.every_unit else None)
                 outcomes.append(outcome)
                 self.on_trial_end(outcome)
             if not self.every_unit:  # one shared queue
@@ -701,8 +701,8 @@ class Sweep:
                 with self._idle:
                     if group[i + 1:]:
                         groups.appendleft(group[i + 1:])
-                    note = (f"device '{name}' dropped from {self.pool.name}: {reason}; "
-                            + ("its other trials were not run" if self.every_unit else "its trials went to the other units"))
+                    rest = "its other trials were not run" if self.every_unit else "its trials went to the other units"
+                    note = f"device '{name}' dropped from {self.pool.name}: {reason}; {rest}"
                     self.notes.append(note)
                 log.warning("%s", note)
                 return False
