@@ -175,7 +175,7 @@ def test_cfg_prints_the_config_and_runs_nothing(tmp_path):
 def test_shared_options_are_accepted_by_every_command(tmp_path):
     for cmd in (["sweep"], ["run"], ["setup"], ["report"], ["compare"], ["regress"], ["export"], ["ui"],
                 ["devices", "list"], ["devices", "check"], ["devices", "restore"], ["doctor"], ["calibrate"],
-                ["roofline"], ["telemetry", "parse"], ["trace", "analyze"]):
+                ["roofline"], ["telemetry", "parse"], ["trace", "analyze"], ["nightly"]):
         res = jbench_cli([*cmd, "--help"], cwd=tmp_path)
         assert res.returncode == 0 and "--results-dir" in res.stdout and "--verbose" in res.stdout, cmd
 

@@ -5,7 +5,9 @@ kinds=("trial", "sweep") when the baseline tag sits on sweep parent runs) and th
 of its runs (a mapping {stepped metric: {run_id: values}}, or a callable (run_ids, stepped metric) ->
 {run_id: values} so that only the runs under test are read).
 
-For each (device, config hash) over FINISHED trial runs:
+For each (device, config hash) over FINISHED trial runs, where the device is the physical unit (tag
+device.unit, set by a sweep over a device class: units of one class differ, so each is its own history)
+or else the device entry (device.name):
   * now: the newest sweep of that configuration (sweeps ordered by their first run's start time),
     or the sweep(s) named by `current`;
   * baseline (`baseline=`):
@@ -81,6 +83,7 @@ NO_CHANGE = "no change"
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 SWEEP = "tags.jbench.sweep_id"
 DEVICE = "tags.device.name"
+UNIT = "tags.device.unit"  # the unit that ran a class sweep's trial (its device.name is the class)
 BASELINE_TAG = "tags.jbench.baseline"
 
 
@@ -234,25 +237,42 @@ class RegressReport:
                     f"{c.threshold * 100:.1f} % | {_fmt_p(c.p_value)} | {note} |")
         return "\n".join(lines) + "\n"
 
-    def to_junit_xml(self, suite_name: str = "jbench.regress") -> str:
-        """JUnit XML: one <testcase> per configuration; <failure> on regression, <skipped> on insufficient
-        data; changed-environment and improvement pass with the details in <system-out>."""
-        failures = sum(r.status == REGRESSION for r in self.results)
-        skipped = sum(r.status == INSUFFICIENT for r in self.results)
-        suite = ET.Element("testsuite", name=suite_name, tests=str(len(self.results)), failures=str(failures),
-                           errors="0", skipped=str(skipped))
+    def to_junit_xml(self, suite_name: str = "jbench.regress", *, per_metric: bool = False) -> str:
+        """JUnit XML: one <testcase> per configuration (per_metric: per configuration and rate); <failure> on
+        regression, <skipped> on insufficient data; changed-environment and improvement pass with the details in
+        <system-out>. A rate's case fails only when its configuration's status is regression (a drop beside a
+        fingerprint change is not blamed on code)."""
+        cases = []  # (classname, name, "failure" | "skipped" | "", message, system-out)
+        for r in self.results:
+            classname = f"{suite_name}.{r.device or 'device'}"
+            if not per_metric:
+                kind = {REGRESSION: "failure", INSUFFICIENT: "skipped"}.get(r.status, "")
+                message = _first_line(r, REGRESSION) if kind == "failure" else "insufficient data: " + r.message
+                cases.append((classname, f"{r.label} [{r.config_hash}]", kind, message,
+                              f"status: {r.status}\n{r.message}\n"))
+                continue
+            for c in r.checks:
+                one = ConfigResult(r.device, r.config_hash, r.label, r.status, r.now_sweep, r.baseline_sweeps, [c],
+                                   r.fingerprint_changes, r.note)
+                kind = ("failure" if c.verdict == REGRESSION and r.status == REGRESSION
+                        else "skipped" if c.verdict == INSUFFICIENT else "")
+                message = _first_line(one, REGRESSION) if kind == "failure" else "insufficient data: " + c.reason
+                cases.append((classname, f"{r.label} [{r.config_hash}] {c.metric}", kind, message,
+                              f"configuration status: {r.status}\n{one.message}\n"))
+        suite = ET.Element("testsuite", name=suite_name, tests=str(len(cases)),
+                           failures=str(sum(c[2] == "failure" for c in cases)), errors="0",
+                           skipped=str(sum(c[2] == "skipped" for c in cases)))
         props = ET.SubElement(suite, "properties")
         for k, v in (("baseline", self.baseline), ("alpha", self.alpha), ("min_change", self.min_change),
                      ("noise_factor", self.noise_factor)):
             ET.SubElement(props, "property", name=k, value=str(v))
-        for r in self.results:
-            case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{r.device or 'device'}",
-                                 name=f"{r.label} [{r.config_hash}]")
-            if r.status == REGRESSION:
-                ET.SubElement(case, "failure", message=_first_line(r, REGRESSION), type="regression").text = r.message
-            elif r.status == INSUFFICIENT:
-                ET.SubElement(case, "skipped", message="insufficient data: " + r.message)
-            ET.SubElement(case, "system-out").text = f"status: {r.status}\n{r.message}\n"
+        for classname, name, kind, message, out in cases:
+            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+            if kind == "failure":
+                ET.SubElement(case, "failure", message=message, type="regression").text = out.split("\n", 1)[1]
+            elif kind == "skipped":
+                ET.SubElement(case, "skipped", message=message)
+            ET.SubElement(case, "system-out").text = out
         ET.indent(suite)
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
@@ -380,14 +400,14 @@ def regress(
     current_ids = None if current is None else ({current} if isinstance(current, str) else set(current))
 
     # Plain row dicts from here: per-configuration pandas slicing of a 10,000-run table is what costs.
-    keep = ["run_id", "start_time", SWEEP, DEVICE, CONFIG_HASH, BASELINE_TAG, "tags.jbench.trial_label",
+    keep = ["run_id", "start_time", SWEEP, DEVICE, UNIT, CONFIG_HASH, BASELINE_TAG, "tags.jbench.trial_label",
             "tags.model.quant", *(f"tags.{k}" for k in fingerprint_tags), *(f"metrics.{m}" for m in metrics)]
     trials = trials.loc[trials[SWEEP].notna(), [c for c in dict.fromkeys(keep) if c in trials.columns]]
     trials = trials.sort_values(["start_time", "run_id"], kind="stable")
     by_config: dict[tuple[str, str], list[dict]] = {}
     for rec in trials.to_dict("records"):
-        device = rec.get(DEVICE)
-        device = device if isinstance(device, str) else ""
+        unit, device = rec.get(UNIT), rec.get(DEVICE)
+        device = unit if isinstance(unit, str) and unit else device if isinstance(device, str) else ""
         by_config.setdefault((device, rec[CONFIG_HASH]), []).append(rec)
 
     groups = []

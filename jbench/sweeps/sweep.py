@@ -149,8 +149,12 @@ class Sweep:
         stages: Optional[list[Stage]] = None,
         on_trial_start: Callable[[Trial], None] = lambda t: None,
         on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
+        every_unit: bool = False,
     ):
         self.plan = plan
+        # device=@CLASS: every unit runs every trial (a nightly compares each unit with its own history), instead
+        # of the units sharing one queue.
+        self.every_unit = every_unit
         self.tracker_factory = tracker_factory
         self.stages = stages if stages is not None else default_stages()
         self.on_trial_start = on_trial_start
@@ -623,19 +627,23 @@ class Sweep:
         # A group is at most an even share of the work, so a sweep of one model and power state still spreads.
         share = max(1, -(-sum(map(len, groups)) // max(1, len(self.units))))
         groups = collections.deque(g[i:i + share] for g in groups for i in range(0, len(g), share))
-        workers = [threading.Thread(target=self._worker, args=(unit, groups, recorder, ooms, outcomes),
+        queues = {u["name"]: collections.deque(groups) if self.every_unit else groups for u in self.units}
+        workers = [threading.Thread(target=self._worker, args=(unit, queues[unit["name"]], recorder, ooms, outcomes),
                                     name=f"jbench-{unit['name']}", daemon=True) for unit in self.units]
         for w in workers:
             w.start()
         while any(w.is_alive() for w in workers):
             for w in workers:
                 w.join(0.2)  # short joins: Ctrl-C reaches the main thread
-        for group in groups:  # every unit was dropped: what is left is recorded as not run
-            for trial in group:
+        for name, queue in queues.items():  # what is left (no unit to take it) is recorded as not run
+            why = f"'{name}' was dropped" if self.every_unit else f"no unit of {self.pool.name} was left"
+            for trial in (t for group in queue for t in group):
                 outcome = TrialOutcome(trial, Status.FAILED, category=Category.DEVICE,
-                                       error=f"not run: no unit of {self.pool.name} was left (see the notes)")
+                                       error=f"not run: {why} (see the notes)", device=name if self.every_unit else None)
                 outcomes.append(outcome)
                 self.on_trial_end(outcome)
+            if not self.every_unit:  # one shared queue
+                break
 
     def _worker(self, unit: dict, groups: collections.deque, recorder: "_Recorder",
                 ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome]) -> None:
@@ -695,7 +703,8 @@ class Sweep:
                 with self._idle:
                     if group[i + 1:]:
                         groups.appendleft(group[i + 1:])
-                    note = f"device '{name}' dropped from {self.pool.name}: {reason}; its trials went to the other units"
+                    rest = "its other trials were not run" if self.every_unit else "its trials went to the other units"
+                    note = f"device '{name}' dropped from {self.pool.name}: {reason}; {rest}"
                     self.notes.append(note)
                 log.warning("%s", note)
                 return False

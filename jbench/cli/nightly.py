@@ -1,0 +1,88 @@
+"""`jbench nightly CLASS`: the nightly job from the terminal, cron or CI (the work is `jbench.nightly`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+from rich.markup import escape
+
+from jbench.cli import _OVERRIDES, _config_dir_option, _fail, common_options, console, err_console, main
+
+HELP = """Lease, run the nightly experiment on every unit of DEVICE_CLASS, regress, report, release.
+
+\b
+Every unit runs the whole matrix (sweep.rerun=true) and is compared with its own history
+(configurations per unit: tag device.unit). The devices are released when the sweep ends,
+fails or is interrupted, before regress and report run.
+
+\b
+Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
+  0  clean: every unit x configuration was tested, none regressed, no trial failed
+  1  regression on some unit (named in the summary and the JUnit failures)
+  2  nothing was run: unknown class, bad config or override, unwritable output path,
+     unknown --baseline, devices not ready (preflight) or none leased from the farm
+  3  no verdict: some configuration could not be tested (first night: no baseline;
+     too few samples)
+  4  some trial FAILED (recorded, regressed and reported anyway: never green)
+  130  interrupted (Ctrl-C, SIGTERM): runs KILLED, devices released
+
+\b
+Example:
+  jbench nightly orin_nano_super --config-dir lab-conf --junit nightly.xml --markdown nightly.md
+"""
+
+
+@main.command(context_settings=_OVERRIDES, help=HELP)
+@click.argument("device_class")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--experiment", default="nightly", show_default=True, help="The experiment (+experiment=NAME).")
+@click.option("--baseline", default="last", show_default=True,
+              help="last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD, as `jbench regress`.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
+              help="Write JUnit XML here: one testcase per unit x configuration x rate, an error per failed trial.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the markdown summary here.")
+@click.option("--report-dir", type=click.Path(file_okay=False), default=None,
+              help="The HTML report's directory (default: RESULTS/reports/nightly-CLASS-SWEEP).")
+@common_options
+@_config_dir_option
+def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, baseline: str,
+            junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str],
+            results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
+    from jbench.cli.run import _sigterm_as_interrupt
+    from jbench.nightly import EXIT_NO_VERDICT, Nightly, NightlyError
+
+    try:
+        job = Nightly(device_class, experiment=experiment, baseline=baseline, overrides=list(overrides),
+                      config_dirs=list(config_dirs), results_dir=results_dir, junit=junit_path, markdown=md_path,
+                      report_dir=report_dir)
+    except NightlyError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"[bold]nightly {escape(device_class)}[/]: {len(job.plan.trials)} trial(s) of "
+                  f"'{escape(job.plan.experiment)}' on every unit", highlight=False)
+
+    def started(trial) -> None:
+        console.print(f"{escape(trial.config['device']['name'])}: {escape(trial.short_label)}: running",
+                      highlight=False)
+
+    def ended(o) -> None:
+        what = f"{o.status} ({o.wall_s:.0f} s)" if str(o.status) != "FAILED" else f"FAILED ({o.category}): {o.error}"
+        console.print(f"{escape(o.device or '?')}: {escape(o.trial.short_label)}: {escape(what)}", highlight=False)
+
+    _sigterm_as_interrupt()
+    try:
+        result = job.run(on_trial_start=started, on_trial_end=ended,
+                         say=lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False))
+    except NightlyError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted: the running trials and the sweep are recorded as KILLED; "
+                          "the devices were released[/]")
+        raise click.exceptions.Exit(130) from None
+    click.echo(result.markdown, nl=False)  # never hard-wrapped, in a pipe either
+    if result.failed:
+        err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
+    if result.exit_code == EXIT_NO_VERDICT:
+        click.echo(f"NO VERDICT: {result.no_verdict_reason}", err=True)
+    raise click.exceptions.Exit(result.exit_code)
