@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -399,3 +400,40 @@ def test_ctrl_c_of_a_class_sweep_restores_every_unit_and_records_killed(request,
     if with_farm:
         with Coordinator(coord) as c:
             assert all(c.place(f"jetson-{u}").acquired is None for u in UNITS)
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_ctrl_c_while_units_apply_their_power_state_waits_for_them_before_restoring(three_units, tmp_path):
+    """Ctrl-C lands while the units' `nvpmodel -m` is still running (slowed under sudo): the controller ends those
+    commands and waits for its workers before restoring, so no late mode change lands after the restore."""
+    conf = _sleepy(_conf(tmp_path, three_units), 1.0)
+    for emu in three_units.values():
+        emu.slow_tool("nvpmodel", "-m", 5.0)
+    results = tmp_path / "r"
+    argv = ["sweep", "--config-dir", str(conf), f"device=@{CLASS}", N_GEN, *COMMON]
+    proc = _popen_jbench(argv, tmp_path, {"JBENCH_RESULTS_DIR": str(results)})
+
+    def applying() -> bool:
+        return any(c["tool"] == "nvpmodel" and c["argv"][:1] == ["-m"] and c["root"]
+                   for emu in three_units.values() for c in emu.command_log())
+
+    try:
+        eventually(applying, "a unit applying its power mode", timeout=300)
+        for emu in three_units.values():
+            # The restore reads the mode (still the original: the change has not landed) and restores the clocks;
+            # slowed, so that an unfinished mode change would land before the restore's check.
+            emu.slow_tool("jetson_clocks", "--restore", 8.0)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = (tmp_path / "sweep.err").read_text()
+    assert rc == 130, err
+    # Longer than the slowed step: a mode change still under way at the restore would have landed by now.
+    time.sleep(6)
+    for name, emu in three_units.items():
+        assert _restored(emu), (name, emu.nvpmodel_mode_name, emu.clock_state(), err[-3000:])
+        assert not emu.device_processes(names=["nvpmodel"]), name

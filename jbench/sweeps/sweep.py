@@ -184,6 +184,7 @@ class Sweep:
         self._planned: dict[int, dict] = {t.index: t.config for t in plan.trials} if plan.pool else {}
         self._lock = threading.RLock()  # the tracker and the progress callbacks, shared by the pool's workers
         self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []  # a class sweep's unit workers
         self._current: dict[Optional[str], TrialOutcome] = {}  # unit (None: no pool) -> its trial with an open run
         self._idle = threading.Condition(self._lock)  # the pool's queue changed (a group taken or given back)
         self._busy = 0  # workers holding a group: until none does, an empty queue may still get trials back
@@ -569,6 +570,7 @@ class Sweep:
                 self._current.clear()
                 tracker.log(parent, tags={"jbench.status": "KILLED"})
                 tracker.end_run(parent, "KILLED")
+            self._wait_for_workers()
             raise
         n_failed = sum(o.status == Status.FAILED for o in outcomes)
         # Under a resumed sweep's parent, its trials done before the interruption count as its finished ones.
@@ -630,6 +632,7 @@ class Sweep:
         queues = {u["name"]: collections.deque(groups) if self.every_unit else groups for u in self.units}
         workers = [threading.Thread(target=self._worker, args=(unit, queues[unit["name"]], recorder, ooms, outcomes),
                                     name=f"jbench-{unit['name']}", daemon=True) for unit in self.units]
+        self._workers = workers
         for w in workers:
             w.start()
         while any(w.is_alive() for w in workers):
@@ -644,6 +647,28 @@ class Sweep:
                 self.on_trial_end(outcome)
             if not self.every_unit:  # one shared queue
                 break
+
+    def _wait_for_workers(self, timeout_s: float = 60.0) -> None:
+        """Ctrl-C of a class sweep: end the units' running commands (closing a connection makes the device-side
+        guard end them) and wait for the workers, so that none is still applying a power state while the
+        power states are restored. A second Ctrl-C stops the wait."""
+        alive = [w for w in self._workers if w.is_alive()]
+        if not alive:
+            return
+        for unit in self.units:
+            conn = self.connections.get(unit["name"])
+            if conn is not None:
+                try:
+                    conn.close()  # the restore reconnects
+                except Exception as exc:
+                    log.debug("closing %s: %s", unit["name"], exc)
+        deadline = time.monotonic() + timeout_s
+        while alive and time.monotonic() < deadline:
+            alive[0].join(0.2)
+            alive = [w for w in alive if w.is_alive()]
+        if alive:
+            log.warning("%d unit worker(s) still busy after %.0f s: restoring the power states anyway",
+                        len(alive), timeout_s)
 
     def _worker(self, unit: dict, groups: collections.deque, recorder: "_Recorder",
                 ooms: list[tuple[tuple, int, str]], outcomes: list[TrialOutcome]) -> None:
@@ -781,6 +806,8 @@ class Sweep:
                         stage.run(ctx)
             except _STAGE_ERRORS as exc:
                 category, raw = _failure(exc)
+                if self._stop.is_set():  # Ctrl-C closed the unit's connection: no retry, nothing re-applied
+                    raise _Stopped() from exc
                 if category == Category.CONNECTION_LOST and outcome.retries < retries:
                     outcome.retries += 1
                     delay = 2 ** (outcome.retries - 1)
