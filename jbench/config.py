@@ -366,8 +366,15 @@ def available_choices(group: str, config_dirs: Optional[List[Path]] = None) -> l
 
 
 class _initialized:
-    """Context manager: Hydra initialized on the packaged config module (user dirs come in
-    through the hydra.searchpath override, which Hydra puts in front of the packaged config)."""
+    """Context manager: Hydra initialized on the packaged config module, the user's config dirs in front of it.
+
+    Hydra puts `hydra.searchpath` entries *after* the primary config, so a user's `experiment/nightly.yaml` would
+    lose to the packaged one of the same name. The dirs are therefore also prepended to the loader's search path
+    (ConfigLoader.get_search_path(), public API); the hydra.searchpath override is still needed: it is what makes
+    Hydra rebuild its config sources from that search path at compose time. First match wins."""
+
+    def __init__(self, dirs: Optional[List[Path]] = None):
+        self.dirs = list(dirs or [])
 
     def __enter__(self):
         from hydra import initialize_config_module
@@ -377,6 +384,9 @@ class _initialized:
         GlobalHydra.instance().clear()
         self._ctx = initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3")
         self._ctx.__enter__()
+        search_path = GlobalHydra.instance().config_loader().get_search_path()
+        for d in reversed(self.dirs):
+            search_path.prepend(provider="jbench --config-dir", path=f"file://{d}")
         return self
 
     def __exit__(self, *exc):
@@ -390,7 +400,7 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
     from omegaconf import OmegaConf, open_dict
 
     dirs = config_dirs or []
-    with _initialized():
+    with _initialized(dirs):
         try:
             cfg = hydra_compose(
                 config_name="config",

@@ -69,6 +69,24 @@ def test_user_config_dir_adds_models_experiments_and_devices(tmp_path):
         compose(["model=bad"], [tmp_path])
 
 
+def test_a_user_file_wins_over_the_packaged_one_of_the_same_name_and_the_first_dir_wins(tmp_path):
+    """A lab's own `experiment/nightly.yaml` (or `device/local.yaml`) replaces jbench's: first match wins, as
+    --info says. Hydra alone would put the packaged config first."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, n_gen in ((first, 7), (second, 9)):
+        (d / "experiment").mkdir(parents=True)
+        (d / "experiment" / "nightly.yaml").write_text(
+            f"# @package _global_\nexperiment:\n  name: nightly\n  description: lab {d.name}\n"
+            f"sweep:\n  grid:\n    backend.n_gen: [{n_gen}]\n")
+    cfg, _ = compose(["+experiment=nightly"], [first, second])
+    assert cfg.experiment.description == "lab a" and list(cfg.sweep.grid["backend.n_gen"]) == [7]
+    assert "model.quant" not in cfg.sweep.grid  # nothing of the packaged nightly matrix
+    cfg, _ = compose(["+experiment=nightly"], [second])
+    assert cfg.experiment.description == "lab b"
+    cfg, _ = compose(["+experiment=nightly"])  # no user dir: the packaged one
+    assert cfg.experiment.description == "fixed regression matrix"
+
+
 def test_config_dir_from_environment(tmp_path, monkeypatch):
     from jbench.config import user_config_dirs
 
