@@ -241,3 +241,21 @@ def test_bad_input_is_one_message_exit_2(coordinator):
     assert res.returncode == 2 and "is not key=value" in res.stderr and "Traceback" not in res.stderr
     res = jbench_cli(["farm", "quarantine", "nope", "--reason", "x", "--coordinator", coordinator])
     assert res.returncode == 2 and "no place 'nope'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_class_sweep_the_farm_cannot_serve_is_one_message_exit_2(coordinator, orin_nano_super, tmp_path):
+    """No coordinator at the address, or every place of the class held past farm.reserve_timeout_s: one `error:`
+    line naming the fix or the holder, exit 2, nothing run on the device (its power tools untouched)."""
+    conf = _conf(tmp_path, {"nano1": {**_device(orin_nano_super, "nano1"), "device_class": "nano8"}})
+    _add(coordinator, "jetson-nano-1", "nano1", **{"class": "nano8"})
+    common = ["sweep", "--config-dir", str(conf), "device=@nano8", "telemetry.source=none", "power.mode=15W"]
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
+    res = jbench_cli([*common, f"farm.coordinator=127.0.0.1:{_free_port()}"], env_extra=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "no labgrid coordinator answers" in res.stderr and "Traceback" not in res.stderr
+    with lease(coordinator, {"class": "nano8"}, sweep_id="holder", config_dirs=[conf], health_check=False):
+        res = jbench_cli([*common, f"farm.coordinator={coordinator}", "farm.reserve_timeout_s=0"], env_extra=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "jetson-nano-1 held by" in res.stderr and "Traceback" not in res.stderr
+    assert not [c for c in orin_nano_super.command_log() if c["tool"] in ("nvpmodel", "jetson_clocks")]
+    assert not (tmp_path / "r" / "mlflow.db").exists()

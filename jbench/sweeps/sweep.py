@@ -254,6 +254,16 @@ class Sweep:
         if not pool.coordinator:
             self.units = [dict(m) for m in pool.members]
             return
+        from jbench.farm.coordinator import CoordinatorError
+        from jbench.farm.places import FarmError
+
+        try:
+            self._lease_units(stack)
+        except (FarmError, CoordinatorError) as exc:  # no coordinator, no free place in time: nothing ran
+            raise PreflightError(f"the farm gave no unit of {pool.name}: {exc}") from None
+
+    def _lease_units(self, stack: contextlib.ExitStack) -> None:
+        pool = self.pool
         from jbench import farm
         from jbench.farm.coordinator import Coordinator, iter_places
 
