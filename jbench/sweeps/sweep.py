@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -624,15 +623,11 @@ class Sweep:
         groups = collections.deque(g[i:i + share] for g in groups for i in range(0, len(g), share))
         workers = [threading.Thread(target=self._worker, args=(unit, groups, recorder, ooms, outcomes),
                                     name=f"jbench-{unit['name']}", daemon=True) for unit in self.units]
-        recorder.write_behind()
-        try:
+        for w in workers:
+            w.start()
+        while any(w.is_alive() for w in workers):
             for w in workers:
-                w.start()
-            while any(w.is_alive() for w in workers):
-                for w in workers:
-                    w.join(0.2)  # short joins: Ctrl-C reaches the main thread
-        finally:
-            recorder.drain()  # every finished trial's run is written before the sweep's end (or Ctrl-C's marks)
+                w.join(0.2)  # short joins: Ctrl-C reaches the main thread
         for group in groups:  # every unit was dropped: what is left is recorded as not run
             for trial in group:
                 outcome = TrialOutcome(trial, Status.FAILED, category=Category.DEVICE,
@@ -806,7 +801,7 @@ class Sweep:
         outcome.wall_s = time.monotonic() - started
         artifacts["trial.log"] = tlog.text()
         tlog.close()
-        recorder.finish_soon(outcome, artifacts)
+        recorder.finish(outcome, artifacts)
 
 
 class _Stopped(Exception):
@@ -833,46 +828,6 @@ class _Recorder:
         self.lock = lock or threading.RLock()
         self.closed = False  # Ctrl-C: no new run
         self.killed: set[str] = set()  # runs Ctrl-C ended as KILLED: their workers write nothing more
-        self._pending: Optional[queue.Queue] = None  # write_behind: finished trials whose runs are not written yet
-        self._pending_lock = threading.Lock()
-        self._writer: Optional[threading.Thread] = None
-
-    def write_behind(self) -> None:
-        """Write finished trials' runs on a thread of their own, so a unit starts its next trial at once. The
-        tracker takes one call at a time: with many units ending together, each would otherwise wait in line for
-        every other unit's writes before its device got more work."""
-        with self._pending_lock:
-            self._pending = queue.Queue()
-        self._writer = threading.Thread(target=self._write_pending, args=(self._pending,), name="jbench-recorder",
-                                        daemon=True)
-        self._writer.start()
-
-    def _write_pending(self, pending: queue.Queue) -> None:
-        while (job := pending.get()) is not None:
-            outcome, artifacts = job
-            try:
-                self.finish(outcome, artifacts)
-            except Exception:  # the run stays RUNNING: the next sweep's start marks it KILLED and runs the trial again
-                log.exception("recording the run of trial %d failed", outcome.trial.index)
-
-    def finish_soon(self, outcome: TrialOutcome, artifacts: dict[str, str]) -> None:
-        """finish(), on the writer thread when write_behind() started one (else now)."""
-        with self._pending_lock:
-            if self._pending is not None:
-                self._pending.put((outcome, artifacts))
-                return
-        self.finish(outcome, artifacts)
-
-    def drain(self) -> None:
-        """Wait until every queued run is written; later finishes are written at once."""
-        with self._pending_lock:
-            pending, self._pending = self._pending, None
-            if pending is None:
-                return
-            pending.put(None)
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
 
     @_locked
     def start(self, trial: Trial, fingerprint: dict[str, str], identity: Optional["TrialIdentity"]) -> str:
