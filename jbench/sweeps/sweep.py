@@ -463,15 +463,20 @@ class Sweep:
 
     def _lease_devices(self, trials: list[Trial]) -> None:
         """Hold every device of the sweep (an on-device lease with a heartbeat) or stop before touching any."""
-        for name in dict.fromkeys(t.config["device"]["name"] for t in trials):
-            device = next(t.config["device"] for t in trials if t.config["device"]["name"] == name)
+        devices = {t.config["device"]["name"]: t.config["device"] for t in reversed(trials)}
+
+        def take(name: str) -> None:
+            device = devices[name]
             lease = DeviceLease(self.connections[name], device, self.sweep_id,
                                 stale_s=float(device.get("lease_stale_s") or 120.0), log=log)
             try:
                 lease.acquire(float(device.get("lease_wait_s") or 0.0))
             except DeviceError as exc:
                 raise PreflightError(str(exc)) from None
-            self.leases[name] = lease
+            with self._lock:
+                self.leases[name] = lease
+
+        _on_each(take, list(dict.fromkeys(t.config["device"]["name"] for t in trials)))
 
     def _reap_dead_runs(self, tracker: Any, exp_id: str) -> None:
         """Runs a dead controller left RUNNING become KILLED with the reason, never stay RUNNING: its controller
@@ -507,12 +512,16 @@ class Sweep:
     def _save_power_states(self, trials: list[Trial]) -> None:
         # A controller that died earlier may have left a device in a changed state: put it back first
         # (we hold the device's lease, so its owner is gone). What cannot be restored stays the original.
-        for name, strategy in self.strategies.items():
-            if name in self.leases:
-                strategy.recover_leftover(allow_reboot=self._reboot_consent(name))
-        for name in dict.fromkeys(t.config["device"]["name"] for t in trials if t.wants_power_control):
+        _on_each(lambda name: self.strategies[name].recover_leftover(allow_reboot=self._reboot_consent(name)),
+                 [name for name in self.strategies if name in self.leases])
+        names = list(dict.fromkeys(t.config["device"]["name"] for t in trials if t.wants_power_control))
+
+        def save(name: str) -> None:
             self.strategies[name].save_original()
-            self._saved.append(self.strategies[name])
+            with self._lock:
+                self._saved.append(self.strategies[name])
+
+        _on_each(save, names)
 
     def _restore_power_states(self) -> None:
         for strategy in self._saved:
@@ -850,6 +859,21 @@ class Sweep:
         artifacts["trial.log"] = tlog.text()
         tlog.close()
         recorder.finish(outcome, artifacts)
+
+
+def _on_each(fn: Callable[[str], None], names: list[str], max_threads: int = 16) -> None:
+    """fn(name) for every device, side by side when there are several (a class sweep's units: taking 64 leases one
+    after the other kept the first unit idle for ~10 s); every call ends before the first error is raised."""
+    if len(names) <= 1:
+        for name in names:
+            fn(name)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(max_threads, len(names)), thread_name_prefix="jbench-units") as pool:
+        futures = [pool.submit(fn, name) for name in names]
+    for future in futures:
+        future.result()  # the first failure, in device order
 
 
 class _Stopped(Exception):
