@@ -194,3 +194,12 @@ def test_html_report_plots_series_change_points_and_noise_band(tmp_path):
     assert "regression from night 11" in files.html_path.read_text()
     png = next(iter(files.pngs.values()))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_regress_history_mode_refuses_a_baseline_before_reading_anything(tmp_path):
+    from .conftest import jbench_cli
+
+    res = jbench_cli(["regress", "--mode", "history", "--baseline", "last"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "none")})
+    assert res.returncode == 2 and "--baseline chooses the pairwise comparison" in res.stderr, res.stderr
+    assert not (tmp_path / "none").exists()
