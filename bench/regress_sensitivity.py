@@ -145,6 +145,29 @@ def run_cell(settings: DetectorSettings, *, night_cv: float, within_cv: float, s
     return out
 
 
+def speed(rounds: int) -> dict:
+    """Seconds of `history(df)` (series, detection, verdicts) over 96 configurations x 104 nightly sweeps of one
+    unit, decode and prefill (9,984 trial runs, as bench/report_regress.py's store), built in memory."""
+    import pandas as pd
+
+    from jbench.analysis.history import history
+
+    rng = np.random.default_rng(0)
+    t0 = pd.Timestamp("2026-01-01T02:00:00Z")
+    rows = [{"run_id": f"{n}-{h}", "status": "FINISHED", "start_time": t0 + pd.Timedelta(days=n, minutes=h),
+             "tags.jbench.kind": "trial", "tags.jbench.sweep_id": f"s{n:03d}", "tags.jbench.config_hash": f"h{h}",
+             "tags.device.name": "orin", "metrics.decode_tps": 40 * (1 + 0.005 * rng.standard_normal()),
+             "metrics.prefill_tps": 800 * (1 + 0.005 * rng.standard_normal())} for n in range(104) for h in range(96)]
+    df = pd.DataFrame(rows)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        rep = history(df)
+        times.append(time.perf_counter() - t)
+    return {"runs": len(df), "series": len(rep.results), "seconds": [round(x, 2) for x in times],
+            "counts": rep.counts()}
+
+
 def _pct(v: dict) -> str:
     lo, hi = v["ci95"]
     return f"{v['rate'] * 100:.1f} % ({lo * 100:.1f}–{hi * 100:.1f})"
@@ -166,6 +189,8 @@ def main() -> None:
     m.add_argument("--store", required=True)
     m.add_argument("--experiment", default="quant_ladder")
     m.add_argument("--out", default=str(OUT / "noise.json"))
+    sp = sub.add_parser("speed", help="history() over a synthetic run table of 96 configurations x 104 nights")
+    sp.add_argument("--rounds", type=int, default=3)
     for name in ("tune", "table"):
         s = sub.add_parser(name)
         s.add_argument("--night-cv", type=float, nargs="*", help="CV levels (default: from --noise)")
@@ -183,6 +208,9 @@ def main() -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps(res, indent=2))
+        return
+    if a.cmd == "speed":
+        print(json.dumps(speed(a.rounds), indent=2))
         return
     t0 = time.time()
     common = dict(histories=a.histories, nights=a.nights, reps=a.reps, step_at=a.step_at)

@@ -12,7 +12,7 @@ Detection (`detect_changes`), like Apache Otava's E-divisive + t-test, with rupt
   1. the series is scaled by its noise: sigma from the median absolute deviation of night-to-night differences
      (a step moves one difference only, so it barely inflates sigma);
   2. `ruptures.Pelt` (l2 cost, `min_size` nights per segment) with penalty `penalty x log(n)` proposes
-     candidate change points;
+     candidate change points, over the newest `window` nights (60: the verdict is about the newest nights);
   3. each candidate is tested between the segments around it: two-sample t (`test`: "student" pools the two
      segments' variances, as Otava does; "welch" does not) on the nightly points, giving p, the relative effect
      (mean_after - mean_before) / mean_before and its 95 % confidence interval. A candidate stands when
@@ -87,12 +87,15 @@ class DetectorSettings:
     recent: int = 3  # a change starting within the newest `recent` nights decides the verdict
     min_nights: int = 8  # fewer nights: no verdict
     test: str = "student"  # "student" (pooled variance, as Otava) | "welch"
+    window: int = 60  # only the newest nights are searched: older ones add cost (PELT is O(n^2)), not power
+
 
     def __post_init__(self) -> None:
         if self.test not in ("student", "welch"):
             raise HistoryError(f"test '{self.test}' is not 'student' or 'welch'")
-        if self.min_size < 1 or self.recent < 1 or self.min_nights < 2 * self.min_size:
-            raise HistoryError("min_size >= 1, recent >= 1 and min_nights >= 2 x min_size are needed")
+        if self.min_size < 1 or self.recent < 1 or self.min_nights < 2 * self.min_size or self.window < self.min_nights:
+            raise HistoryError("min_size >= 1, recent >= 1, min_nights >= 2 x min_size and window >= min_nights "
+                               "are needed")
 
 
 DEFAULT_SETTINGS = DetectorSettings()
@@ -275,7 +278,9 @@ def judge(values: Sequence[float], settings: DetectorSettings = DEFAULT_SETTINGS
     n = len(values)
     if n < settings.min_nights:
         return NO_VERDICT, [], settings.min_nights - n
-    changes = detect_changes(values, settings, direction=direction)
+    off = max(0, n - settings.window)
+    changes = [replace(c, index=c.index + off)
+               for c in detect_changes(list(values)[off:], settings, direction=direction)]
     if changes and changes[-1].index >= n - settings.recent:
         return changes[-1].direction, changes, 0
     return NO_CHANGE, changes, 0
