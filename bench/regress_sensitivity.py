@@ -86,6 +86,28 @@ def measure(store: str, experiment: str) -> dict:
                 e["reps"] = int(reps.dropna().iloc[0])
             entry[metric] = e
         out["configurations"][label] = entry
+    out["other_sources"] = other_sources()
+    return out
+
+
+def other_sources() -> dict:
+    """Run-to-run CVs of decode tok/s already measured by other benches of this repository (runs minutes apart,
+    not nights: a lower bound on nightly noise on those machines)."""
+    here = Path(__file__).resolve().parent
+    out = {}
+    for f in sorted((here / "results" / "sampler-perturbation").glob("*.json")):
+        d = json.loads(f.read_text())
+        vals = np.array(d.get("decode_tps_without") or [], dtype=float)
+        if vals.size >= 3:
+            out[f"sampler-perturbation/{f.name} ({d.get('workload', '')})"] = {
+                "metric": "decode_tps", "runs": int(vals.size), "cv": float(vals.std(ddof=1) / vals.mean())}
+    nvml = here / "results-nvml-energy-h200.json"
+    if nvml.exists():
+        runs = json.loads(nvml.read_text())["runs"]
+        for phase in ("decode", "prefill"):
+            vals = np.array([r["tok_s"][phase] for r in runs], dtype=float)
+            out[f"results-nvml-energy-h200.json (H200 CUDA, {phase})"] = {
+                "metric": f"{phase}_tps", "runs": int(vals.size), "cv": float(vals.std(ddof=1) / vals.mean())}
     return out
 
 
@@ -168,6 +190,25 @@ def speed(rounds: int) -> dict:
             "counts": rep.counts()}
 
 
+def render(files: list[str]) -> str:
+    def rate(v: dict, digits: int = 1) -> str:
+        lo, hi = v["ci95"]
+        return f"{v['rate'] * 100:.{digits}f} % ({lo * 100:.{digits}f}–{hi * 100:.{digits}f})"
+
+    lines = ["| noise source | metric | night CV | step | found within 3 nights: history | two-sweep | "
+             "false alarms / configuration-night: history | two-sweep |", "|---|---|---:|---:|---|---|---|---|"]
+    cells = [c for f in files for c in json.loads(Path(f).read_text())["cells"]]
+    cells.sort(key=lambda c: (c["source"] != "CV grid", c["night_cv"]))
+    for c in cells:
+        fa = c["false_alarms"]
+        for key in sorted(k for k in c if k.startswith("detect_")):
+            step = key.split("_")[1].replace("pct", " %")
+            lines.append(f"| {c['source']} | {c['metric']} | {c['night_cv'] * 100:.2f} % | −{step} | "
+                         f"{rate(c[key]['history'])} | {rate(c[key]['pairwise'])} | {rate(fa['history'], 2)} | "
+                         f"{rate(fa['pairwise'], 2)} |")
+    return "\n".join(lines)
+
+
 def _pct(v: dict) -> str:
     lo, hi = v["ci95"]
     return f"{v['rate'] * 100:.1f} % ({lo * 100:.1f}–{hi * 100:.1f})"
@@ -189,6 +230,8 @@ def main() -> None:
     m.add_argument("--store", required=True)
     m.add_argument("--experiment", default="quant_ladder")
     m.add_argument("--out", default=str(OUT / "noise.json"))
+    rd = sub.add_parser("render", help="the markdown table of docs/PERFORMANCE.md from table JSON files")
+    rd.add_argument("files", nargs="+")
     sp = sub.add_parser("speed", help="history() over a synthetic run table of 96 configurations x 104 nights")
     sp.add_argument("--rounds", type=int, default=3)
     for name in ("tune", "table"):
@@ -208,6 +251,9 @@ def main() -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps(res, indent=2))
+        return
+    if a.cmd == "render":
+        print(render(a.files))
         return
     if a.cmd == "speed":
         print(json.dumps(speed(a.rounds), indent=2))
@@ -234,6 +280,9 @@ def main() -> None:
                 if metric in e:
                     levels.append((f"{label} (measured)", metric, e[metric]["night_cv"],
                                    e[metric].get("within_cv", e[metric]["night_cv"])))
+        for source, e in noise.get("other_sources", {}).items():
+            if e["metric"] == "decode_tps":
+                levels.append((f"{source} (runs minutes apart)", "decode_tps", e["cv"], e["cv"]))
         for cv in a.night_cv or []:
             levels.append(("CV grid", "any", cv, a.within_cv if a.within_cv is not None else cv))
         for source, metric, cv, within in levels:
