@@ -5,7 +5,7 @@
      night CV   = sample std / mean of the configuration's nightly means (what the history detector sees),
      within CV  = mean of the runs' per-repetition CV (`<phase>_tps_cv`: what the two-sweep test sees),
    for decode_tps, prefill_tps and decode_tokens_per_joule where the store has it.
-2. Simulation (`simulate`): a configuration's nightly history of `--nights` nights; each night
+2. Simulation (`tune`: the detector's settings on a grid; `table`: the default settings at measured and grid CVs): a configuration's nightly history of `--nights` nights; each night
    level_k = 1 x (1 + step_k) x (1 + e_k), e_k ~ N(0, night_extra), and `--reps` repetitions
    level_k x (1 + N(0, within CV)); night_extra is set so that the nightly mean's CV equals the measured night CV
    (night_extra^2 = night CV^2 - within CV^2 / reps, at least 0). The history detector sees the nightly means;
@@ -17,11 +17,9 @@
      false alarms per configuration-night: on histories without a step, the share of (history, night) verdicts
        that are regression or improvement, over every night that has a verdict.
    Binomial 95 % intervals: Wilson.
+3. `render`: the markdown table of docs/PERFORMANCE.md from `table` outputs; `speed`: history() over 10k runs.
 
-    nice -n 19 .venv/bin/python bench/regress_sensitivity.py measure --store /tmp/hist-ql/results \
-        --out bench/results/regress-sensitivity/noise.json
-    nice -n 19 .venv/bin/python bench/regress_sensitivity.py tune --noise bench/results/regress-sensitivity/noise.json
-    nice -n 19 .venv/bin/python bench/regress_sensitivity.py table --noise bench/results/regress-sensitivity/noise.json
+The exact commands behind the published figures are in docs/PERFORMANCE.md ("Regression detection over history").
 """
 
 from __future__ import annotations
