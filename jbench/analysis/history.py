@@ -444,7 +444,7 @@ class HistoryReport:
         lines = [
             f"# jbench regress (history): {head}", "",
             f"Change points (ruptures PELT, penalty {s.penalty:g} x log n, segments of >= {s.min_size} nights) "
-            f"tested with a {s.test} t-test between the nights around them: a change stands when p < {s.alpha:g} and "
+            f"tested with a {s.test.capitalize()} t-test between the nights around them: a change stands when p < {s.alpha:g} and "
             f"|effect| >= {s.min_effect:.1%}; it decides the verdict when it starts within the newest {s.recent} "
             f"nights. No verdict under {s.min_nights} nights.", "",
             "Series: " + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"), "",
