@@ -4,8 +4,10 @@ Steps: plan `+experiment=<exp> device=@CLASS sweep.rerun=true` (nothing touches 
 as a class sweep in which every unit runs the whole matrix (each unit is compared with its own history: units
 of one class differ); the sweep leases the class (farm places or device entries) and releases it when it
 returns, raises, or is interrupted, so the devices are free before regress and report run. Then regress this
-sweep against the baseline per unit (`device.unit`) and configuration, write the HTML report, the markdown and
-the JUnit XML, and tag the sweep's parent run with the verdict.
+sweep per unit (`device.unit`) and configuration -- over the history (change points, jbench.analysis.history) once
+a configuration has enough nights, else against the previous night (jbench.analysis.regress); `mode`/`baseline`
+choose -- write the HTML report (the sweep's, and the history's series plot), the markdown and the JUnit XML, and
+tag the sweep's parent run with the verdict.
 
 Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, devices not ready), 3 no verdict,
 4 trials failed. Precedence: 2 (stops before anything runs), then 1, then 4, then 3, then 0.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, HistoryReport, history, max_nights
 from jbench.analysis.regress import (EXIT_NO_VERDICT, EXIT_REGRESSION, REGRESSION, NoData, RegressError,
                                      RegressReport, regress)
 from jbench.results import Status
@@ -57,7 +60,8 @@ class NightlyResult:
     tracking_uri: str
     outcomes: list  # the sweep's TrialOutcomes (a trial once per unit)
     exit_code: int
-    regress: Optional[RegressReport] = None
+    regress: Optional[RegressReport | HistoryReport] = None
+    mode: str = ""  # history | pairwise (the one regress ran in)
     no_verdict_reason: str = ""
     markdown: str = ""
     junit_xml: str = ""
@@ -78,6 +82,8 @@ class NightlyResult:
 
     @property
     def regressed_units(self) -> list[str]:
+        if isinstance(self.regress, HistoryReport):
+            return self.regress.regressed_units
         return sorted({r.device for r in (self.regress.results if self.regress else []) if r.status == REGRESSION})
 
 
@@ -131,12 +137,12 @@ def _check_store(p: Plan) -> tuple[str, bool]:
     return uri, bool(down)
 
 
-def _check_baseline(uri: str, exp_name: str, baseline: str) -> None:
+def _check_baseline(uri: str, exp_name: str, baseline: Optional[str]) -> None:
     """A baseline that names a tag or a sweep must exist in the store before the devices are leased."""
     from jbench.analysis.regress import _parse_date
     from jbench.tracking.common import store_exists
 
-    if baseline in ("last", "all") or _parse_date(baseline) is not None:
+    if baseline is None or baseline in ("last", "all") or _parse_date(baseline) is not None:
         return
     found = False
     if store_exists(uri):
@@ -157,14 +163,19 @@ def _check_baseline(uri: str, exp_name: str, baseline: str) -> None:
 class Nightly:
     """A planned nightly (the constructor checks every input and touches no device); `run()` does the rest."""
 
-    def __init__(self, device_class: str, *, experiment: str = "nightly", baseline: str = "last",
+    def __init__(self, device_class: str, *, experiment: str = "nightly", baseline: Optional[str] = None,
+                 mode: str = "auto",
                  overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (),
                  results_dir: Optional[str | Path] = None, junit: Optional[str | Path] = None,
                  markdown: Optional[str | Path] = None, report_dir: Optional[str | Path] = None):
         for path, directory, option in ((junit, False, "--junit"), (markdown, False, "--markdown"),
                                         (report_dir, True, "--report-dir")):
             _check_output(path, directory=directory, option=option)
-        self.device_class, self.baseline = device_class, baseline
+        if mode not in ("auto", "history", "pairwise"):
+            raise NightlyError(f"mode '{mode}' is not auto, history or pairwise")
+        if mode == "history" and baseline is not None:
+            raise NightlyError("--baseline chooses the pairwise comparison; drop it or use --mode pairwise")
+        self.device_class, self.baseline, self.mode = device_class, baseline, mode
         self.junit, self.markdown, self.report_dir = junit, markdown, report_dir
         self.plan = plan_nightly(device_class, experiment=experiment, overrides=overrides, config_dirs=config_dirs,
                                  results_dir=results_dir)
@@ -208,8 +219,9 @@ class Nightly:
                                         f"`jbench regress --experiment {swept.experiment}`")
         else:
             report, result.no_verdict_reason, df = self._regress(t, swept.experiment, swept.sweep_id)
+            result.mode = "history" if isinstance(report, HistoryReport) else "pairwise"
             if df is not None:
-                result.report_html = self._report(t, df, swept, result)
+                result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
         result.exit_code = exit_code(report.exit_code if report else EXIT_NO_VERDICT, len(result.failed))
         if report is not None and report.exit_code == EXIT_NO_VERDICT:
@@ -223,22 +235,35 @@ class Nightly:
             self._tag_parent(t, result)
         return result
 
-    def _regress(self, t: Any, experiment: str, sweep_id: str) -> tuple[Optional[RegressReport], str, Any]:
-        """(this sweep against the baseline, why there is no verdict, this sweep's trial runs)."""
+    def _regress(self, t: Any, experiment: str,
+                 sweep_id: str) -> tuple[Optional[RegressReport | HistoryReport], str, Any]:
+        """(this sweep judged over its history or against the baseline, why there is no verdict, this sweep's
+        trial runs)."""
         from jbench.tracking.reader import repetition_samples, runs_frame, with_current_hashes
 
         df = with_current_hashes(runs_frame(t, [experiment]))
         mine = df[df["tags.jbench.sweep_id"] == sweep_id] if "tags.jbench.sweep_id" in df.columns else df.iloc[:0]
         loader = lambda run_ids, metric: repetition_samples(t, list(run_ids), metric)  # noqa: E731
+        mode = self.mode
+        if mode == "auto":
+            enough = self.baseline is None and max_nights(df) >= DEFAULT_SETTINGS.min_nights
+            mode = "history" if enough else "pairwise"
         try:
-            return regress(df, loader, baseline=self.baseline, current=[sweep_id]), "", mine
+            if mode == "history":
+                report = history(df, current=[sweep_id])
+                if not report.results:
+                    return None, "no finished trial runs to check", mine if len(mine) else None
+                return report, "", mine
+            return regress(df, loader, baseline=self.baseline or "last", current=[sweep_id]), "", mine
         except NoData as exc:
             return None, str(exc), mine if len(mine) else None
-        except RegressError as exc:  # e.g. a baseline tag that matches none of this sweep's configurations
+        except (RegressError, HistoryError) as exc:  # e.g. a baseline tag that matches none of this sweep's
             return None, str(exc), mine if len(mine) else None
 
-    def _report(self, t: Any, df: Any, swept: Any, result: NightlyResult) -> Optional[Path]:
-        """The HTML report of this sweep, attached to its parent run; a failure is a note, never the verdict's loss."""
+    def _report(self, t: Any, df: Any, swept: Any, result: NightlyResult,
+                report: Optional[RegressReport | HistoryReport] = None) -> Optional[Path]:
+        """The HTML report of this sweep (with the history's series plot in history mode), attached to its parent
+        run; a failure is a note, never the verdict's loss."""
         from jbench.reporting.report import build_report
         from jbench.tracking.reader import repetition_samples, telemetry_frame
 
@@ -250,6 +275,14 @@ class Nightly:
                                  title=f"jbench nightly {self.device_class}: sweep {swept.sweep_id}")
             t.log_files(swept.parent_run_id, [("report", files.html_path), ("report", files.markdown_path),
                                               *(("report", png) for png in files.pngs.values())])
+            if isinstance(report, HistoryReport):
+                from jbench.reporting.history import build_history_report
+
+                hist = build_history_report(report, out_dir=out / "history",
+                                            title=f"jbench nightly {self.device_class}: history to {swept.sweep_id}")
+                t.log_files(swept.parent_run_id, [("report/history", hist.html_path),
+                                                  ("report/history", hist.markdown_path),
+                                                  *(("report/history", png) for png in hist.pngs.values())])
             return files.html_path
         except Exception as exc:  # the verdict stands without the report
             log.error("the nightly report was not written: %s", exc)
@@ -260,7 +293,8 @@ class Nightly:
         try:
             t.log(result.parent_run_id, tags={
                 "jbench.nightly.verdict": result.verdict, "jbench.nightly.exit_code": result.exit_code,
-                "jbench.nightly.class": self.device_class, "jbench.nightly.baseline": self.baseline,
+                "jbench.nightly.class": self.device_class, "jbench.nightly.mode": result.mode,
+                "jbench.nightly.baseline": self.baseline or ("history" if result.mode == "history" else "last"),
                 "jbench.nightly.regressed_units": ",".join(result.regressed_units),
                 "jbench.nightly.failed_trials": len(result.failed)})
             t.log_texts(result.parent_run_id, {"nightly/regress.md": result.markdown,

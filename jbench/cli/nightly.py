@@ -22,8 +22,8 @@ Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
   1  regression on some unit (named in the summary and the JUnit failures)
   2  nothing was run: unknown class, bad config or override, unwritable output path,
      unknown --baseline, devices not ready (preflight) or none leased from the farm
-  3  no verdict: some configuration could not be tested (first night: no baseline;
-     too few samples)
+  3  no verdict: some configuration could not be tested (too few nights for the
+     history, first night: no baseline; too few samples)
   4  some trial FAILED (recorded, regressed and reported anyway: never green)
   130  interrupted (Ctrl-C, SIGTERM): runs KILLED, devices released
 
@@ -37,8 +37,11 @@ Example:
 @click.argument("device_class")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--experiment", default="nightly", show_default=True, help="The experiment (+experiment=NAME).")
-@click.option("--baseline", default="last", show_default=True,
-              help="last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD, as `jbench regress`.")
+@click.option("--mode", type=click.Choice(["auto", "history", "pairwise"]), default="auto", show_default=True,
+              help="As `jbench regress`: history (change points over every night) once a configuration has enough "
+                   "nights, else pairwise against the previous night.")
+@click.option("--baseline", default=None,
+              help="Pairwise baseline: last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD (implies pairwise).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
               help="Write JUnit XML here: one testcase per unit x configuration x rate, an error per failed trial.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None,
@@ -47,14 +50,14 @@ Example:
               help="The HTML report's directory (default: RESULTS/reports/nightly-CLASS-SWEEP).")
 @common_options
 @_config_dir_option
-def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, baseline: str,
+def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode: str, baseline: Optional[str],
             junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str],
             results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.run import _sigterm_as_interrupt
     from jbench.nightly import EXIT_NO_VERDICT, Nightly, NightlyError
 
     try:
-        job = Nightly(device_class, experiment=experiment, baseline=baseline, overrides=list(overrides),
+        job = Nightly(device_class, experiment=experiment, baseline=baseline, mode=mode, overrides=list(overrides),
                       config_dirs=list(config_dirs), results_dir=results_dir, junit=junit_path, markdown=md_path,
                       report_dir=report_dir)
     except NightlyError as exc:

@@ -166,31 +166,64 @@ def compare(a, b, as_json, results_dir) -> None:
 
 @main.command()
 @click.option("--experiment", default="nightly", show_default=True)
-@click.option("--baseline", default="last", show_default=True, help="last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD")
+@click.option("--mode", type=click.Choice(["auto", "history", "pairwise"]), default="auto", show_default=True,
+              help="history: change points over every night (docs/regress.md); pairwise: the newest sweep against "
+                   "--baseline; auto: history once some configuration has enough nights, else pairwise.")
+@click.option("--baseline", default=None,
+              help="Pairwise baseline: last | all | TAG (jbench.baseline) | sweep id | YYYY-MM-DD (implies "
+                   "--mode pairwise; default last).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the markdown summary here.")
+@click.option("--report-dir", type=click.Path(file_okay=False), default=None,
+              help="History mode: write the HTML report (series, change points, noise band) here.")
 @common_options
-def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
-    """Nightly regression gate: the newest sweep of each configuration against its baseline.
-    Exit code 1 on a regression (p < 0.01 and a drop over max(3 %, 3 x noise)); 3 when there is no
-    regression but some configuration could not be tested (no verdict: too few samples, no baseline)."""
+def regress(experiment, mode, baseline, junit_path, md_path, report_dir, results_dir) -> None:
+    """Nightly regression gate over the stored history (docs/regress.md).
+
+    \b
+    history:  per unit x configuration x metric, change points (ruptures) tested with a t-test;
+              regression when a standing drop starts within the newest nights.
+    pairwise: the newest sweep of each configuration against --baseline (Mann-Whitney, p < 0.01,
+              a drop over max(3 %, 3 x noise)).
+    \b
+    Exit codes: 0 clean; 1 regression; 2 bad input; 3 no verdict (a configuration with too few
+    nights or samples: never green).
+    """
+    from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, history, max_nights
     from jbench.analysis.regress import NoData, RegressError, regress as run_regress
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
+    if mode == "history" and baseline is not None:
+        raise _fail("--baseline chooses the pairwise comparison; drop it or use --mode pairwise")
+    if report_dir and mode == "pairwise":
+        raise _fail("--report-dir writes the history report; with --mode pairwise use `jbench report`")
     for path, option in ((junit_path, "--junit"), (md_path, "--markdown")):
         if path:  # before the store is read: a CI job learns of a bad path at once
             check_output(path, directory=False, option=option)
+    if report_dir:
+        check_output(report_dir, directory=True, option="--report-dir")
     tracker = _results_tracker(results_dir)
     try:
         df = with_current_hashes(runs_frame(tracker, [experiment]))
     except LookupError as exc:
         raise _unknown_experiment(tracker, exc) from None
+    if mode == "auto":
+        nights = max_nights(df)
+        mode = "pairwise" if baseline is not None or nights < DEFAULT_SETTINGS.min_nights else "history"
+        if baseline is None:
+            err_console.print(f"mode: {mode} (the longest history has {nights} night(s); history from "
+                              f"{DEFAULT_SETTINGS.min_nights})", highlight=False)
     try:
-        result = run_regress(df, _sample_loader(tracker), baseline=baseline)
+        if mode == "history":
+            result = history(df)
+            if not result.results:
+                raise NoData("no finished trial runs to check")
+        else:
+            result = run_regress(df, _sample_loader(tracker), baseline=baseline or "last")
     except NoData as exc:  # the experiment exists but holds no finished trial run: nothing was tested
         click.echo(f"NO VERDICT: {exc} in experiment '{experiment}'", err=True)
         raise click.exceptions.Exit(EXIT_NO_VERDICT) from None
-    except RegressError as exc:
+    except (RegressError, HistoryError) as exc:
         raise _fail(str(exc)) from None
     md = result.to_markdown()
     click.echo(md, nl=False)  # never hard-wrapped, in a pipe either
@@ -200,6 +233,11 @@ def regress(experiment, baseline, junit_path, md_path, results_dir) -> None:
                 Path(path).write_text(text)
             except OSError as exc:
                 raise _fail(f"cannot write {path}: {exc.strerror or exc}; give a writable path") from None
+    if report_dir and mode == "history":
+        from jbench.reporting.history import build_history_report
+
+        files = build_history_report(result, out_dir=report_dir, title=f"jbench regress: {experiment} history")
+        err_console.print(f"report: {files.html_path}", highlight=False)
     if result.exit_code == EXIT_NO_VERDICT:
         click.echo(f"NO VERDICT: {result.verdict_reason}", err=True)
     raise click.exceptions.Exit(result.exit_code)
