@@ -116,4 +116,4 @@ def main(ctx: click.Context, verbose: bool, results_dir: Optional[str]) -> None:
 
 
 # Each module registers its commands on `main` (imported last: they import from here).
-from jbench.cli import devices, farm, nightly, results, run, tools  # noqa: E402,F401  (registers their commands)
+from jbench.cli import bisect, devices, farm, nightly, results, run, tools  # noqa: E402,F401  (registers their commands)

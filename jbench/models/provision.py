@@ -130,6 +130,49 @@ def decide_cuda(requested: Optional[bool]) -> tuple[bool, str]:
     return False, "CPU build (no nvcc on PATH)"
 
 
+def cmake_args(commit: str, use_cuda: bool) -> list[str]:
+    """The CMake configuration of every llama.cpp build jbench makes (`jbench setup`, `jbench bisect`)."""
+    args = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DLLAMA_BUILD_COMMIT={commit}",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+        # The server's web UI would be fetched from outside the package registry: keep it out.
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DBUILD_SHARED_LIBS=OFF",
+        f"-DGGML_CUDA={'ON' if use_cuda else 'OFF'}",
+    ]
+    if use_cuda:
+        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('JBENCH_CUDA_ARCHITECTURES', 'native')}")
+    return args
+
+
+def compile_llamacpp(src: Path, root: Path, args: list[str], targets: tuple[str, ...], jobs: int,
+                     log: Path, *, nice: bool = False) -> Path:
+    """Configure and build `targets` from the sources in src under root/build; the binaries are copied to
+    root/bin, which is returned. nice: at the lowest CPU priority (a build beside other work). Raises
+    SetupError (with the log's tail) when a step fails."""
+    build_dir = root / "build"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    prefix = ["nice", "-n", "19"] if nice else []
+    _run_logged([*prefix, "cmake", "-S", str(src), "-B", str(build_dir), *generator, *args], log)
+    _run_logged([*prefix, "cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
+                 "--target", *targets], log)
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for target in targets:
+        built = build_dir / "bin" / target
+        if not built.exists():
+            raise SetupError(f"the build did not produce {target}; see {log}")
+        shutil.copy2(built, bin_dir / target)
+    return bin_dir
+
+
 def build_llamacpp(cuda: Optional[bool], jobs: Optional[int], force: bool, say: Say) -> dict:
     for tool in ("cmake", "c++"):
         if not shutil.which(tool):
@@ -150,39 +193,13 @@ def build_llamacpp(cuda: Optional[bool], jobs: Optional[int], force: bool, say: 
             return info
     if root.exists():
         shutil.rmtree(root)
-    build_dir = root / "build"
-    build_dir.mkdir(parents=True)
+    root.mkdir(parents=True)
     log = root / "build.log"
-    args = [
-        "-DCMAKE_BUILD_TYPE=Release",
-        f"-DLLAMA_BUILD_COMMIT={commit}",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_BUILD_APP=OFF",
-        # The server's web UI would be fetched from outside the package registry: keep it out.
-        "-DLLAMA_BUILD_UI=OFF",
-        "-DLLAMA_USE_PREBUILT_UI=OFF",
-        "-DLLAMA_OPENSSL=OFF",
-        "-DLLAMA_CURL=OFF",
-        "-DBUILD_SHARED_LIBS=OFF",
-        f"-DGGML_CUDA={'ON' if use_cuda else 'OFF'}",
-    ]
-    if use_cuda:
-        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('JBENCH_CUDA_ARCHITECTURES', 'native')}")
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    args = cmake_args(commit, use_cuda)
     jobs = jobs or os.cpu_count() or 2
     say(f"building {', '.join(TARGETS)} from llama.cpp {commit} with {jobs} jobs (log: {log}); this takes minutes")
     started = time.monotonic()
-    _run_logged(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *args], log)
-    _run_logged(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
-                 "--target", *TARGETS], log)
-    bin_dir = root / "bin"
-    bin_dir.mkdir()
-    for target in TARGETS:
-        built = build_dir / "bin" / target
-        if not built.exists():
-            raise SetupError(f"the build did not produce {target}; see {log}")
-        shutil.copy2(built, bin_dir / target)
+    bin_dir = compile_llamacpp(src, root, args, TARGETS, jobs, log)
     info = {
         "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
         "build_commit": commit,

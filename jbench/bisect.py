@@ -1,0 +1,428 @@
+"""`jbench bisect`: the first bad llama.cpp build between a known good and a known bad one.
+
+The search (pure): the two ends are measured first; when their difference is not significant (Welch t at
+1 - alpha) nothing is bisected. Otherwise the repetitions a midpoint needs follow from the ends' difference d
+and noise s: its mean must land on its own side of the halfway line, |mean - end| < d / 2, with probability
+1 - alpha, so n >= (2 z s / d)^2 (z the normal quantile 1 - alpha / 2), bounded by --max-repetitions. A midpoint
+is classified by which end its mean is closer to, and the verdict stands only when a Welch t-test
+(1 - alpha) shows it differs from the other end; otherwise the step is "unclear" and the search stops with no
+verdict. Binary search then halves the range [last good, first bad] until they are neighbours.
+
+The measuring (impure): each build runs the failing configuration's llama-bench (the same backend `jbench run`
+uses) with `backend.binary_dir` pointing at it; every build measured is a child run of one "bisect" parent run
+(tags bisect.*), written through jbench.tracking. Builds are either a list of directories or commits of a
+llama.cpp git checkout, built here (the embedded default, a local device) with `jbench setup`'s CMake
+configuration and cached per commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from jbench import paths
+
+log = logging.getLogger("jbench.bisect")
+
+GOOD, BAD, UNCLEAR = "good", "bad", "unclear"
+METRICS = {"decode_tps": "decode", "prefill_tps": "prefill"}
+BISECT_TARGETS = ("llama-bench",)
+
+Say = Callable[[str], None]
+
+
+class BisectError(Exception):
+    """Bad input or a build that cannot be measured: one message naming the fix."""
+
+
+# --------------------------------------------------------------------------------------------
+# The search (pure)
+
+
+def normal_quantile(q: float) -> float:
+    return statistics.NormalDist().inv_cdf(q)
+
+
+def ends_differ(good: Sequence[float], bad: Sequence[float], alpha: float) -> tuple[bool, Any]:
+    """(significant, Welch interval of mean(bad) - mean(good) at 1 - alpha)."""
+    from jbench.analysis.stats import welch_interval
+
+    ci = welch_interval(good, bad, 1.0 - alpha)
+    significant = not math.isnan(ci.low) and (ci.low > 0 or ci.high < 0)
+    return significant, ci
+
+
+def repetitions_needed(good: Sequence[float], bad: Sequence[float], alpha: float, *, minimum: int,
+                       maximum: int) -> tuple[int, int]:
+    """(repetitions per build, the unbounded figure): n >= (2 z s / d)^2 with s the larger end's std and d
+    the ends' mean difference, so a midpoint's mean falls within d / 2 of its true end with 1 - alpha."""
+    d = abs(statistics.fmean(bad) - statistics.fmean(good))
+    s = max(statistics.stdev(good), statistics.stdev(bad))
+    if d == 0:
+        return maximum, math.inf  # type: ignore[return-value]
+    raw = math.ceil((2.0 * normal_quantile(1.0 - alpha / 2.0) * s / d) ** 2)
+    return max(minimum, min(maximum, raw)), raw
+
+
+def classify(mid: Sequence[float], good: Sequence[float], bad: Sequence[float], alpha: float) -> tuple[str, str]:
+    """(good | bad | unclear, why): the end the midpoint's mean is closer to, confirmed by a Welch t-test
+    (1 - alpha) showing the midpoint differs from the other end."""
+    m, g, b = statistics.fmean(mid), statistics.fmean(good), statistics.fmean(bad)
+    closer, other, other_samples = (GOOD, BAD, bad) if abs(m - g) <= abs(m - b) else (BAD, GOOD, good)
+    differs, ci = ends_differ(other_samples, mid, alpha)
+    why = (f"mean {m:.4g} is closer to the {closer} end ({g if closer == GOOD else b:.4g}) than to the {other} "
+           f"end ({b if closer == GOOD else g:.4g}); vs the {other} end: difference {ci.diff:+.4g}, "
+           f"{100 * (1 - alpha):g} % Welch CI [{ci.low:.4g}, {ci.high:.4g}]")
+    return (closer if differs else UNCLEAR), why
+
+
+def midpoint(lo: int, hi: int) -> int:
+    return (lo + hi) // 2
+
+
+def search(n: int, verdict: Callable[[int], str]) -> tuple[Optional[int], list[tuple[int, str]]]:
+    """Binary search over builds 0..n-1 (0 good, n-1 bad) for the first bad one; verdict(i) classifies a
+    midpoint. Returns (first bad index or None when a step was unclear, [(index, verdict)] in order)."""
+    if n < 2:
+        raise BisectError("bisect needs at least two builds: the known good one first, the known bad one last")
+    lo, hi, steps = 0, n - 1, []
+    while hi - lo > 1:
+        mid = midpoint(lo, hi)
+        v = verdict(mid)
+        steps.append((mid, v))
+        if v == GOOD:
+            lo = mid
+        elif v == BAD:
+            hi = mid
+        else:
+            return None, steps
+    return hi, steps
+
+
+# --------------------------------------------------------------------------------------------
+# The builds
+
+
+@dataclass
+class Build:
+    """One candidate: a directory holding llama-bench, or a commit built on first use."""
+
+    label: str
+    bin_dir: Optional[str] = None
+    commit: Optional[str] = None
+    make: Optional[Callable[[], str]] = None  # builds it and returns its bin dir
+
+    def resolve(self) -> str:
+        if self.bin_dir is None and self.make is not None:
+            self.bin_dir = self.make()
+        if self.bin_dir is None:
+            raise BisectError(f"build {self.label} has no directory")
+        return self.bin_dir
+
+
+def builds_from_dirs(dirs: Sequence[str]) -> list[Build]:
+    """Each directory must hold llama-bench (a build's bin/ directory, or its root with bin/ inside)."""
+    builds = []
+    for d in dirs:
+        p = Path(d).expanduser()
+        if (p / "bin" / "llama-bench").exists() and not (p / "llama-bench").exists():
+            p = p / "bin"
+        if not (p / "llama-bench").exists():
+            raise BisectError(f"--builds {d}: no llama-bench in it (give the build's bin directory)")
+        builds.append(Build(label=str(d), bin_dir=str(p.resolve())))
+    if len(builds) < 2:
+        raise BisectError("--builds needs at least two directories: the known good build first, the bad one last")
+    return builds
+
+
+def _git(repo: str, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BisectError(f"git {' '.join(args)} in {repo} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def commits_between(repo: str, good: str, bad: str) -> list[str]:
+    """good, then every first-parent commit after it up to bad, oldest first (full hashes)."""
+    if not Path(repo, ".git").exists() and _git_dir(repo) is None:
+        raise BisectError(f"--repo {repo} is not a git checkout (clone llama.cpp there)")
+    g = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
+    b = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
+    if subprocess.run(["git", "-C", repo, "merge-base", "--is-ancestor", g, b]).returncode != 0:
+        raise BisectError(f"--good {good} is not an ancestor of --bad {bad}: swap them or pick other refs")
+    later = _git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
+    if not later:
+        raise BisectError(f"--good {good} and --bad {bad} are the same commit: nothing to bisect")
+    return [g, *later]
+
+
+def _git_dir(repo: str) -> Optional[str]:
+    proc = subprocess.run(["git", "-C", repo, "rev-parse", "--git-dir"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def build_commit(repo: str, commit: str, say: Say, jobs: Optional[int] = None) -> str:
+    """llama-bench of `commit`, built with `jbench setup`'s CMake configuration (CPU) into the cache
+    (llama.cpp/bisect-<commit>-cpu-<machine>), reused when already there. Returns its bin directory."""
+    from jbench.models.provision import SetupError, cmake_args, compile_llamacpp
+
+    short = commit[:9]
+    root = paths.llamacpp_builds_dir() / f"bisect-{short}-cpu-{platform.machine()}"
+    bin_dir = root / "bin"
+    if (bin_dir / "llama-bench").exists():
+        return str(bin_dir)
+    for tool in ("cmake", "c++"):
+        if not shutil.which(tool):
+            raise BisectError(f"{tool} not found: install a C++ compiler and CMake to build commits")
+    if root.exists():
+        shutil.rmtree(root)
+    src = root / "src"
+    src.mkdir(parents=True)
+    archive = root / "src.tar"
+    _git(repo, "archive", "--format=tar", "-o", str(archive), commit)
+    with tarfile.open(archive) as tar:
+        tar.extractall(src, filter="data")
+    archive.unlink()
+    jobs = jobs or os.cpu_count() or 2
+    say(f"building llama-bench of {short} with {jobs} jobs (log: {root / 'build.log'}); this takes minutes")
+    try:
+        compile_llamacpp(src, root, cmake_args(short, False), BISECT_TARGETS, jobs, root / "build.log")
+    except SetupError as exc:
+        raise BisectError(f"commit {short} does not build: {exc}") from None
+    shutil.rmtree(src, ignore_errors=True)
+    return str(bin_dir)
+
+
+def builds_from_repo(repo: str, good: str, bad: str, say: Say, jobs: Optional[int] = None) -> list[Build]:
+    commits = commits_between(repo, good, bad)
+    return [Build(label=c[:9], commit=c[:9], make=lambda c=c: build_commit(repo, c, say, jobs)) for c in commits]
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring and recording
+
+
+@dataclass
+class Step:
+    step: int  # 0: the good end, 1: the bad end, 2...: midpoints in the order measured
+    index: int
+    build: Build
+    samples: list[float]
+    verdict: str
+    why: str = ""
+    run_id: Optional[str] = None
+    build_commit: Optional[str] = None
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else math.nan
+
+
+@dataclass
+class BisectResult:
+    builds: list[Build]
+    steps: list[Step] = field(default_factory=list)
+    first_bad: Optional[int] = None
+    repetitions: int = 0
+    repetitions_raw: float = 0.0
+    outcome: str = ""  # found | no_difference | unclear
+    message: str = ""
+    parent_run_id: Optional[str] = None
+    ends_ci: Any = None
+
+
+class Bisector:
+    """Measures builds for one failing configuration and records each as a child of a "bisect" run."""
+
+    def __init__(self, builds: list[Build], overrides: list[str], config_dirs: Optional[list[Path]] = None, *,
+                 metric: str = "decode_tps", alpha: float = 0.01, repetitions: int = 5,
+                 max_repetitions: int = 30, say: Say = lambda m: None, tracker_factory: Optional[Callable] = None):
+        if metric not in METRICS:
+            raise BisectError(f"--metric {metric}: choose one of {', '.join(METRICS)}")
+        if not 0 < alpha < 0.5:
+            raise BisectError(f"--alpha {alpha}: give a significance level between 0 and 0.5, e.g. 0.01")
+        if repetitions < 2 or max_repetitions < repetitions:
+            raise BisectError("--repetitions must be >= 2 and --max-repetitions >= --repetitions")
+        self.builds, self.overrides, self.config_dirs = builds, list(overrides), config_dirs
+        self.metric, self.alpha, self.say = metric, alpha, say
+        self.repetitions, self.max_repetitions = repetitions, max_repetitions
+        self.trial = self._trial(self.builds[0].bin_dir or "")
+        self._tracker_factory = tracker_factory
+
+    def _trial(self, bin_dir: str, repetitions: Optional[int] = None):
+        from jbench.config import ConfigError
+        from jbench.sweeps.plan import plan
+
+        extra = [f"backend.binary_dir='{bin_dir}'"] if bin_dir else []
+        extra += [f"backend.repetitions={repetitions}"] if repetitions else []
+        try:
+            p = plan(self.overrides + extra, self.config_dirs, use_grid=True)
+        except ConfigError as exc:
+            raise BisectError(str(exc)) from None
+        if p.problems:
+            raise BisectError("the configuration cannot run: " + "; ".join(p.problems))
+        if len(p.trials) != 1:
+            raise BisectError(f"the failing configuration must be one trial, the overrides give {len(p.trials)}: "
+                              "drop comma lists and experiment grids")
+        trial = p.trials[0]
+        if trial.config["backend"]["name"] != "llamacpp":
+            raise BisectError("bisect measures llama.cpp builds: use backend=llamacpp")
+        if trial.config["device"].get("kind", "local") != "local":
+            raise BisectError("bisect runs on this machine (the embedded default) for now: drop the device override")
+        phase = METRICS[self.metric]
+        n = trial.config["backend"]["n_gen" if phase == "decode" else "n_prompt"]
+        if not n:
+            raise BisectError(f"--metric {self.metric} needs backend.{'n_gen' if phase == 'decode' else 'n_prompt'} > 0")
+        self.plan_tracking = p.tracking
+        return trial
+
+    def measure(self, build: Build, repetitions: int) -> tuple[list[float], Any]:
+        from jbench.backends.base import BackendError, backend_class
+        from jbench.device.connect import connect
+
+        trial = self._trial(build.resolve(), repetitions)
+        backend = backend_class("llamacpp")(trial.config["backend"])
+        conn = connect(trial.config["device"])
+        try:
+            result = backend.run(trial, conn, log)
+        except BackendError as exc:
+            raise BisectError(f"build {build.label} could not be measured: {exc}") from None
+        finally:
+            conn.close()
+        return result.phases[METRICS[self.metric]].samples_tps, result
+
+    # -- recording (through jbench.tracking only) -----------------------------------------------
+
+    def _tracker(self):
+        if self._tracker_factory is not None:
+            return self._tracker_factory()
+        from jbench.tracking.writer import Tracker
+
+        return Tracker(self.plan_tracking.get("uri"), self.plan_tracking["results_dir"])
+
+    def _record(self, tracker, exp_id: str, parent: str, step: Step, result: Any) -> None:
+        build = result.build.get("build_commit") if result is not None else None
+        step.build_commit = build or step.build.commit
+        phase = METRICS[self.metric]
+        run = tracker.start_run(
+            exp_id, f"bisect step {step.step}: {Path(step.build.label).name or step.build.label}",
+            parent_run_id=parent,
+            params={"backend.binary_dir": step.build.bin_dir, "backend.repetitions": len(step.samples),
+                    "bisect.index": step.index},
+            tags={"jbench.kind": "bisect_step", "bisect.step": step.step, "bisect.index": step.index,
+                  "bisect.verdict": step.verdict, "bisect.why": step.why[:5000], "bisect.metric": self.metric,
+                  "bisect.build": step.build.label, "backend.build_commit": step.build_commit or "",
+                  "jbench.config_hash": self.trial.config_hash, "jbench.status": "FINISHED"})
+        tracker.log(run, metrics={self.metric: step.mean, f"{self.metric}_std": step.std,
+                                  f"{phase}_n": len(step.samples)},
+                    stepped={f"{self.metric}_rep": step.samples})
+        tracker.end_run(run, "FINISHED")
+        step.run_id = run
+
+    # -- the whole bisection ----------------------------------------------------------------------
+
+    def run(self) -> BisectResult:
+        from jbench import __version__
+
+        res = BisectResult(self.builds)
+        tracker = self._tracker()
+        exp_id = tracker.experiment_id(self.plan_tracking.get("experiment_name") or "bisect")
+        n = len(self.builds)
+        parent = tracker.start_run(
+            exp_id, f"bisect {time.strftime('%Y-%m-%d %H:%M')}",
+            params={"bisect.overrides": " ".join(self.overrides), "bisect.n_builds": n, "bisect.alpha": self.alpha,
+                    "bisect.metric": self.metric,
+                    "bisect.builds": " ".join(b.label for b in self.builds)[:6000]},
+            tags={"jbench.kind": "bisect", "jbench.version": __version__, "jbench.status": "RUNNING",
+                  "jbench.config_hash": self.trial.config_hash})
+        res.parent_run_id = parent
+        status = "FAILED"
+        try:
+            self._bisect(res, tracker, exp_id, parent)
+            status = "FINISHED"
+        finally:
+            tags = {"jbench.status": status, "bisect.outcome": res.outcome or "error",
+                    "bisect.repetitions": res.repetitions}
+            if res.first_bad is not None:
+                fb = res.builds[res.first_bad]
+                tags.update({"bisect.first_bad_index": res.first_bad, "bisect.first_bad": fb.label,
+                             "bisect.first_bad_commit": next((s.build_commit for s in res.steps
+                                                              if s.index == res.first_bad and s.build_commit), "")
+                             or (fb.commit or "")})
+            if res.message:
+                tags["bisect.message"] = res.message[:5000]
+            tracker.log(parent, tags=tags)
+            tracker.end_run(parent, status)
+        return res
+
+    def _bisect(self, res: BisectResult, tracker, exp_id: str, parent: str) -> None:
+        n = len(self.builds)
+        good_b, bad_b = self.builds[0], self.builds[-1]
+        self.say(f"measuring the good end {good_b.label} and the bad end {bad_b.label} ({self.repetitions} repetitions)")
+        good, good_r = self.measure(good_b, self.repetitions)
+        bad, bad_r = self.measure(bad_b, self.repetitions)
+        differ, ci = ends_differ(good, bad, self.alpha)
+        res.ends_ci = ci
+        reps, raw = self.repetitions, 0.0
+        if differ:
+            reps, raw = repetitions_needed(good, bad, self.alpha, minimum=self.repetitions,
+                                           maximum=self.max_repetitions)
+            if reps > self.repetitions:
+                # The ends get as many repetitions as a midpoint: the classification compares with them.
+                self.say(f"the ends need {reps} repetitions each to separate a midpoint; measuring {reps - self.repetitions} more")
+                more_g, good_r = self.measure(good_b, reps - self.repetitions)
+                more_b, bad_r = self.measure(bad_b, reps - self.repetitions)
+                good, bad = good + more_g, bad + more_b
+                differ, ci = ends_differ(good, bad, self.alpha)
+                res.ends_ci = ci
+        res.repetitions, res.repetitions_raw = reps, raw
+        ends_why = (f"ends: {self.metric} {statistics.fmean(good):.4g} -> {statistics.fmean(bad):.4g}, difference "
+                    f"{ci.diff:+.4g}, {100 * (1 - self.alpha):g} % Welch CI [{ci.low:.4g}, {ci.high:.4g}]")
+        for i, (b, samples, r, verdict) in enumerate(((good_b, good, good_r, GOOD), (bad_b, bad, bad_r, BAD))):
+            step = Step(i, 0 if verdict == GOOD else n - 1, b, samples, verdict, ends_why)
+            self._record(tracker, exp_id, parent, step, r)
+            res.steps.append(step)
+        if not differ:
+            res.outcome = "no_difference"
+            res.message = (f"the good and the bad end do not differ significantly ({ends_why}): nothing to bisect; "
+                           "check the failing configuration, or measure more repetitions (--repetitions)")
+            return
+        if raw > self.max_repetitions:
+            self.say(f"a clear separation needs {raw} repetitions per build, bounded to {reps} by --max-repetitions: "
+                     "midpoints may come out unclear")
+
+        def verdict(index: int) -> str:
+            b = self.builds[index]
+            self.say(f"step {len(res.steps)}: measuring build {index} ({b.label}), {reps} repetitions")
+            samples, r = self.measure(b, reps)
+            v, why = classify(samples, good, bad, self.alpha)
+            step = Step(len(res.steps), index, b, samples, v, why)
+            self._record(tracker, exp_id, parent, step, r)
+            res.steps.append(step)
+            self.say(f"  build {index}: {v}: {why}")
+            return v
+
+        first_bad, _ = search(n, verdict)
+        res.first_bad = first_bad
+        if first_bad is None:
+            last = res.steps[-1]
+            res.outcome = "unclear"
+            res.message = (f"build {last.index} ({last.build.label}) is neither clearly good nor clearly bad "
+                           f"({last.why}); raise --max-repetitions or check the build")
+        else:
+            res.outcome = "found"
+            res.message = f"first bad build: {first_bad} ({self.builds[first_bad].label})"

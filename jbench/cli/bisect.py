@@ -1,0 +1,107 @@
+"""`jbench bisect`: the first bad llama.cpp build between a good and a bad one (the work is `jbench.bisect`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from jbench.cli import (EXIT_NO_VERDICT, _OVERRIDES, _config_dir_option, _fail, common_options, console,
+                        err_console, main)
+
+HELP = """Find the first bad llama.cpp build for a failing configuration (OVERRIDES, as for `jbench run`).
+
+\b
+Builds: --builds DIR ... (oldest = known good first, newest = known bad last; each holds
+llama-bench), or --repo PATH --good REF --bad REF (a llama.cpp git checkout: the first-parent
+commits between are built here with `jbench setup`'s CMake configuration, cached per commit).
+The ends are measured first; from their difference and noise follow the repetitions per build
+(bounded by --max-repetitions). Each midpoint is classified by the end its mean is closer to,
+confirmed by a Welch t-test against the other end. Every build measured is a child run of one
+"bisect" run (tags bisect.step, bisect.verdict, backend.build_commit).
+
+\b
+Exit codes:
+  0  the first bad build was found
+  2  bad input (builds, refs, overrides)
+  3  no verdict: the ends do not differ significantly, or a midpoint was unclear
+
+\b
+Example:
+  jbench bisect --builds good/bin mid/bin bad/bin model.quant=Q4_0 backend.n_gen=32
+"""
+
+
+@main.command(context_settings=_OVERRIDES, help=HELP)
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--builds", "build_dirs", multiple=True, help="Build directories, oldest (known good) first, newest (known bad) last: "
+              "`--builds A B C` or `--builds A --builds B ...`.")
+@click.option("--repo", default=None, type=click.Path(file_okay=False), help="A llama.cpp git checkout.")
+@click.option("--good", default=None, help="With --repo: the known good ref.")
+@click.option("--bad", default=None, help="With --repo: the known bad ref.")
+@click.option("--metric", type=click.Choice(["decode_tps", "prefill_tps"]), default="decode_tps", show_default=True)
+@click.option("--alpha", type=float, default=0.01, show_default=True,
+              help="Significance level of the ends' test and of each midpoint's test.")
+@click.option("--repetitions", type=int, default=5, show_default=True,
+              help="Repetitions of each end's first measurement.")
+@click.option("--max-repetitions", type=int, default=30, show_default=True,
+              help="Upper bound of the repetitions per build that the ends' noise asks for.")
+@click.option("--jobs", type=int, default=None, help="With --repo: parallel build jobs (default: all cores).")
+@common_options
+@_config_dir_option
+def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Optional[str], good: Optional[str],
+           bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
+           jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
+    from jbench.bisect import BisectError, Bisector, builds_from_dirs, builds_from_repo
+    from jbench.cli.run import _with_results_dir
+    from jbench.config import ConfigError, check_overrides, user_config_dirs
+
+    say = lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False)  # noqa: E731
+    # `--builds A B C`: click takes A as the option's value and B, C as overrides; a path is never an override.
+    dirs, rest = list(build_dirs), []
+    for word in overrides:
+        if dirs and "=" not in word and not word.startswith(("+", "~")):
+            dirs.append(word)
+        else:
+            rest.append(word)
+    try:
+        if dirs and repo:
+            raise BisectError("give either --builds or --repo, not both")
+        if repo:
+            if not (good and bad):
+                raise BisectError("--repo needs --good REF and --bad REF")
+            builds = builds_from_repo(repo, good, bad, say, jobs)
+        elif dirs:
+            builds = builds_from_dirs(dirs)
+        else:
+            raise BisectError("give the builds: --builds GOOD_DIR ... BAD_DIR, or --repo PATH --good REF --bad REF")
+        check_overrides(rest)
+        job = Bisector(builds, _with_results_dir(rest, results_dir), user_config_dirs(list(config_dirs)),
+                       metric=metric, alpha=alpha, repetitions=repetitions, max_repetitions=max_repetitions, say=say)
+        console.print(f"bisecting {len(builds)} builds on {metric}", highlight=False)
+        result = job.run()
+    except (BisectError, ConfigError) as exc:
+        raise _fail(str(exc)) from None
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("step", "build", "dir", "commit", "reps", metric, "verdict"):
+        table.add_column(col)
+    for s in result.steps:
+        table.add_row(str(s.step), str(s.index), escape(s.build.label), escape(s.build_commit or "-"),
+                      str(len(s.samples)), f"{s.mean:.2f} ± {s.std:.2f}", s.verdict)
+    console.print(table)
+    if result.outcome != "no_difference":
+        console.print(f"repetitions per build: {result.repetitions} (the ends' difference and noise ask for "
+                      f"{result.repetitions_raw})", highlight=False)
+    console.print(f"recorded as the bisect run {result.parent_run_id}", highlight=False)
+    if result.outcome == "found":
+        fb = result.builds[result.first_bad]
+        commit = next((s.build_commit for s in result.steps if s.index == result.first_bad and s.build_commit),
+                      fb.commit)
+        click.echo(f"FIRST BAD: build {result.first_bad}: {fb.label} (commit {commit or 'unknown'})")
+        return
+    click.echo(f"NO VERDICT: {result.message}", err=True)
+    raise click.exceptions.Exit(EXIT_NO_VERDICT)

@@ -1,0 +1,206 @@
+"""`jbench bisect`: the search logic (pure), git commit listing on a real repository, and the bisection itself on
+real llama.cpp builds that really differ in speed: the cached build and one compiled with SIMD disabled
+(`nosimd_build`, built once into the cache; that takes minutes on a small machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jbench.bisect import (BAD, GOOD, UNCLEAR, BisectError, builds_from_dirs, classify, commits_between, ends_differ,
+                           repetitions_needed, search)
+from tests.conftest import jbench_cli
+
+# --- the search (pure) -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,first_bad", [(2, 1), (3, 1), (3, 2), (4, 2), (9, 1), (9, 5), (9, 8), (16, 11)])
+def test_search_finds_the_first_bad_index_with_log2_steps(n, first_bad):
+    asked = []
+
+    def verdict(i):
+        asked.append(i)
+        return BAD if i >= first_bad else GOOD
+
+    found, steps = search(n, verdict)
+    assert found == first_bad
+    assert [i for i, _ in steps] == asked
+    assert 0 not in asked and n - 1 not in asked  # the ends are known, never asked
+    assert len(asked) <= (n - 2).bit_length()
+
+
+def test_search_stops_without_verdict_on_an_unclear_step():
+    found, steps = search(8, lambda i: UNCLEAR)
+    assert found is None and steps == [(3, UNCLEAR)]
+
+
+def test_search_needs_two_builds():
+    with pytest.raises(BisectError, match="at least two builds"):
+        search(1, lambda i: GOOD)
+
+
+def test_classification_picks_the_closer_end_only_when_the_other_end_is_clearly_different():
+    good, bad = [100.0, 101, 99, 100.5, 99.5], [80.0, 81, 79, 80.5, 79.5]
+    assert classify([99.0, 100, 101, 100.2, 99.8], good, bad, 0.01)[0] == GOOD
+    assert classify([80.0, 79, 81, 80.2, 79.8], good, bad, 0.01)[0] == BAD
+    verdict, why = classify([60.0, 140, 90, 110, 100], good, bad, 0.01)  # too noisy to tell
+    assert verdict == UNCLEAR and "Welch" in why
+
+
+def test_repetitions_follow_the_ends_difference_and_noise_within_bounds():
+    good = [100.0, 102, 98, 101, 99]
+    far = [50.0, 52, 48, 51, 49]
+    near = [99.0, 101, 97, 100, 98]  # 1 apart, std ~1.6: (2 * 2.576 * 1.58 / 1)^2 ~ 66
+    assert repetitions_needed(good, far, 0.01, minimum=3, maximum=30) == (3, 1)
+    reps, raw = repetitions_needed(good, near, 0.01, minimum=3, maximum=30)
+    assert reps == 30 and raw > 30
+    assert repetitions_needed(good, near, 0.01, minimum=3, maximum=100)[0] == raw
+    assert ends_differ(good, far, 0.01)[0] and not ends_differ(good, near, 0.01)[0]
+
+
+def test_build_dirs_must_hold_llama_bench(tmp_path):
+    (tmp_path / "a" / "bin").mkdir(parents=True)
+    (tmp_path / "a" / "bin" / "llama-bench").write_text("")
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BisectError, match="no llama-bench in it"):
+        builds_from_dirs([str(tmp_path / "a"), str(tmp_path / "b")])
+    with pytest.raises(BisectError, match="at least two"):
+        builds_from_dirs([str(tmp_path / "a")])
+    assert builds_from_dirs([str(tmp_path / "a"), str(tmp_path / "a" / "bin")])[0].bin_dir == \
+        str((tmp_path / "a" / "bin").resolve())
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_commits_between_lists_first_parent_commits_oldest_first(tmp_path):
+    repo = tmp_path / "llama.cpp"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "master")
+    for name in ("one", "two", "three", "four"):
+        (repo / name).write_text(name)
+        _git(repo, "add", name)
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", name)
+    shas = _git(repo, "rev-list", "--reverse", "HEAD").split()
+    assert commits_between(str(repo), "HEAD~3", "HEAD") == shas
+    assert commits_between(str(repo), shas[1], "master") == shas[1:]
+    with pytest.raises(BisectError, match="not an ancestor"):
+        commits_between(str(repo), "HEAD", "HEAD~2")
+    with pytest.raises(BisectError, match="same commit"):
+        commits_between(str(repo), "HEAD", "master")
+    with pytest.raises(BisectError, match="failed"):
+        commits_between(str(repo), "nope", "HEAD")
+
+
+# --- real builds that differ in speed --------------------------------------------------------------------------
+
+NOSIMD_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=OFF", "-DGGML_AVX=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX2=OFF",
+                "-DGGML_BMI2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+                "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                "-DGGML_AMX_BF16=OFF"]
+
+
+@pytest.fixture(scope="session")
+def nosimd_build(llama_build) -> str:
+    """llama-bench from the cached build's sources with SIMD disabled (x86-64's baseline SSE2 remains), built once
+    into the cache ($JBENCH_CACHE_DIR-aware) with -j2 under nice. Returns its bin directory."""
+    import platform
+
+    from jbench import paths
+    from jbench.models.provision import (LLAMA_CPP_PYTHON_VERSION, cmake_args, compile_llamacpp, extract_sources,
+                                         fetch_sdist)
+
+    commit = llama_build["build_commit"]
+    root = paths.llamacpp_builds_dir() / f"{LLAMA_CPP_PYTHON_VERSION}-{commit}-cpu-nosimd-{platform.machine()}"
+    if not (root / "bin" / "llama-bench").exists():
+        src, _ = extract_sources(fetch_sdist(lambda m: None), lambda m: None)
+        root.mkdir(parents=True, exist_ok=True)
+        # nice: the build shares the machine with the tests around it.
+        compile_llamacpp(src, root, cmake_args(commit, False) + NOSIMD_FLAGS, ("llama-bench",), 2,
+                         root / "build.log", nice=True)
+        (root / "build.json").write_text(json.dumps({"build_commit": commit, "flavor": "cpu-nosimd",
+                                                     "cmake_args": cmake_args(commit, False) + NOSIMD_FLAGS}))
+    return str(root / "bin")
+
+
+def _ladder(tmp_path: Path, fast: str, slow: str, kinds: list[str]) -> list[str]:
+    """Directories of symlinks to the real builds, in the given order (fast/slow)."""
+    dirs = []
+    for i, kind in enumerate(kinds):
+        d = tmp_path / f"build{i}-{kind}"
+        d.mkdir()
+        (d / "llama-bench").symlink_to(Path(fast if kind == "fast" else slow) / "llama-bench")
+        dirs.append(str(d))
+    return dirs
+
+
+CONFIG = ["model.quant=Q4_0", "backend.n_prompt=0", "backend.n_gen=16", "backend.threads=1"]
+
+
+def _runs(results: Path) -> list:
+    from jbench.tracking.common import resolve_uri
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolve_uri(None, str(results)))
+    exps = client.search_experiments()
+    return [r for e in exps for r in client.search_runs([e.experiment_id])]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llama_build, nosimd_build,
+                                                                 bundled_model):
+    dirs = _ladder(tmp_path, llama_build["bin_dir"], nosimd_build, ["fast", "fast", "slow", "slow"])
+    results = tmp_path / "results"
+    proc = jbench_cli(["bisect", "--results-dir", str(results), "--builds", *dirs, *CONFIG,
+                       "--repetitions", "3", "--max-repetitions", "6"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"FIRST BAD: build 2: {dirs[2]}" in proc.stdout
+    runs = _runs(results)
+    parent = [r for r in runs if r.data.tags.get("jbench.kind") == "bisect"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert parent[0].data.tags["bisect.first_bad_index"] == "2"
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id),
+                      key=lambda r: int(r.data.tags["bisect.step"]))
+    # good end, bad end, then the midpoints of [0, 3]: 1 (good), 2 (bad)
+    assert [(r.data.tags["bisect.index"], r.data.tags["bisect.verdict"]) for r in children] == \
+        [("0", "good"), ("3", "bad"), ("1", "good"), ("2", "bad")]
+    for r in children:
+        assert r.data.tags["backend.build_commit"] == llama_build["build_commit"]
+        assert r.data.metrics["decode_tps"] > 0
+    fast = children[0].data.metrics["decode_tps"]
+    slow = children[1].data.metrics["decode_tps"]
+    assert slow < fast
+
+
+@pytest.mark.e2e
+def test_bisect_stops_when_the_ends_do_not_differ(tmp_path, llama_build, bundled_model):
+    dirs = _ladder(tmp_path, llama_build["bin_dir"], llama_build["bin_dir"], ["fast", "fast"])
+    results = tmp_path / "results"
+    proc = jbench_cli(["bisect", "--results-dir", str(results), "--builds", *dirs, *CONFIG,
+                       "--repetitions", "3", "--alpha", "0.001"])
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "do not differ significantly" in proc.stderr and "nothing to bisect" in proc.stderr
+    runs = _runs(results)
+    parent = [r for r in runs if r.data.tags.get("jbench.kind") == "bisect"]
+    assert parent[0].data.tags["bisect.outcome"] == "no_difference"
+    assert "bisect.first_bad_index" not in parent[0].data.tags
+    assert len([r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"]) == 2
+
+
+def test_bad_input_is_one_message(tmp_path):
+    from click.testing import CliRunner
+
+    from jbench.cli import main
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["bisect", "--results-dir", str(tmp_path), "model.quant=Q4_0"])
+    assert res.exit_code == 2 and "--builds GOOD_DIR" in res.output
+    res = runner.invoke(main, ["bisect", "--repo", str(tmp_path), "--good", "a"])
+    assert res.exit_code == 2 and "--good REF and --bad REF" in res.output
+    res = runner.invoke(main, ["bisect", "--builds", str(tmp_path), str(tmp_path / "x"), "model.quant=Q4_0"])
+    assert res.exit_code == 2 and "no llama-bench in it" in res.output
