@@ -267,7 +267,8 @@ class Bisector:
         from jbench.config import ConfigError
         from jbench.sweeps.plan import plan
 
-        extra = [f"backend.binary_dir='{bin_dir}'"] if bin_dir else []
+        quoted = "'" + bin_dir.replace("\\", "\\\\").replace("'", "\\'") + "'"  # a path may hold ':' or '='
+        extra = [f"backend.binary_dir={quoted}"] if bin_dir else []
         extra += [f"backend.repetitions={repetitions}"] if repetitions else []
         try:
             p = plan(self.overrides + extra, self.config_dirs, use_grid=True)

@@ -152,6 +152,7 @@ def _runs(results: Path) -> list:
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the first use builds the SIMD-less llama-bench: minutes on two cores
 def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llama_build, nosimd_build,
                                                                  bundled_model):
     dirs = _ladder(tmp_path, llama_build["bin_dir"], nosimd_build, ["fast", "fast", "slow", "slow"])
@@ -204,3 +205,41 @@ def test_bad_input_is_one_message(tmp_path):
     assert res.exit_code == 2 and "--good REF and --bad REF" in res.output
     res = runner.invoke(main, ["bisect", "--builds", str(tmp_path), str(tmp_path / "x"), "model.quant=Q4_0"])
     assert res.exit_code == 2 and "no llama-bench in it" in res.output
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # the SIMD-less build, when this test is the first to need it
+def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama_build, nosimd_build, bundled_model):
+    """--repo: the commits between --good and --bad, each commit's llama-bench found in the per-commit cache
+    (llama.cpp/bisect-<commit>-cpu-<machine>). The cache is seeded with the two real builds, so this proves the
+    commit walk, the cache and the record, not the compile (that is `compile_llamacpp`, which the nosimd fixture and
+    `jbench setup` run)."""
+    import platform
+
+    repo = tmp_path / "llama.cpp"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "master")
+    for name in ("good", "regressed", "later"):
+        (repo / name).write_text(name)
+        _git(repo, "add", name)
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", name)
+    shas = _git(repo, "rev-list", "--reverse", "HEAD").split()
+    cache = tmp_path / "cache"
+    (cache / "llama.cpp").mkdir(parents=True)
+    (cache / "models").symlink_to(Path(bundled_model["Q4_0"]["path"]).parent.parent)
+    for sha, build in zip(shas, (llama_build["bin_dir"], nosimd_build, nosimd_build)):
+        bin_dir = cache / "llama.cpp" / f"bisect-{sha[:9]}-cpu-{platform.machine()}" / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "llama-bench").symlink_to(Path(build) / "llama-bench")
+    results = tmp_path / "results"
+    proc = jbench_cli(["bisect", "--results-dir", str(results), "--repo", str(repo), "--good", "HEAD~2",
+                       "--bad", "master", *CONFIG, "--repetitions", "3", "--max-repetitions", "6"],
+                      env_extra={"JBENCH_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout
+    runs = _runs(results)
+    steps = sorted((r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"),
+                   key=lambda r: int(r.data.tags["bisect.step"]))
+    assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
+        [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
