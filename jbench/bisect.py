@@ -355,6 +355,9 @@ class Bisector:
         try:
             self._bisect(res, tracker, exp_id, parent)
             status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
         finally:
             tags = {"jbench.status": status, "bisect.outcome": res.outcome or "error",
                     "bisect.repetitions": res.repetitions}

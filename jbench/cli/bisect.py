@@ -28,6 +28,7 @@ Exit codes:
   0  the first bad build was found
   2  bad input (builds, refs, overrides)
   3  no verdict: the ends do not differ significantly, or a midpoint was unclear
+  130  interrupted (Ctrl-C, SIGTERM): the bisect run is recorded as KILLED
 
 \b
 Example:
@@ -56,7 +57,7 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
            bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
            jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.bisect import BisectError, Bisector, builds_from_dirs, builds_from_repo
-    from jbench.cli.run import _with_results_dir
+    from jbench.cli.run import _sigterm_as_interrupt, _with_results_dir
     from jbench.config import ConfigError, check_overrides, user_config_dirs
 
     say = lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False)  # noqa: E731
@@ -82,9 +83,13 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
         job = Bisector(builds, _with_results_dir(rest, results_dir), user_config_dirs(list(config_dirs)),
                        metric=metric, alpha=alpha, repetitions=repetitions, max_repetitions=max_repetitions, say=say)
         console.print(f"bisecting {len(builds)} builds on {metric}", highlight=False)
+        _sigterm_as_interrupt()
         result = job.run()
     except (BisectError, ConfigError) as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted: the bisect run is recorded as KILLED[/]")
+        raise click.exceptions.Exit(130) from None
 
     table = Table(box=box.SIMPLE_HEAD)
     for col in ("step", "build", "dir", "commit", "reps", metric, "verdict"):
