@@ -243,3 +243,33 @@ def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama
                    key=lambda r: int(r.data.tags["bisect.step"]))
     assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
         [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
+
+
+def test_a_commit_is_built_with_the_setup_cmake_configuration_once_and_cached(tmp_path, monkeypatch):
+    """build_commit on a real (tiny) CMake project committed to git: `git archive` of the commit, `jbench setup`'s
+    CMake arguments, only the llama-bench target, into the cache; the second call reuses it."""
+    from jbench import bisect
+
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "master")
+    (repo / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(p C)\n"
+        "add_executable(llama-bench main.c)\n"
+        "target_compile_definitions(llama-bench PRIVATE COMMIT=\"${LLAMA_BUILD_COMMIT}\")\n"
+        "set_target_properties(llama-bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_executable(other other.c)\n")
+    (repo / "main.c").write_text('#include <stdio.h>\nint main(void) { puts(COMMIT); return 0; }\n')
+    (repo / "other.c").write_text("#error a target bisect must not build\n")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    sha = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setenv("JBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    said = []
+    bin_dir = bisect.build_commit(str(repo), sha, said.append, jobs=1)
+    assert Path(bin_dir).parent.name.startswith(f"bisect-{sha[:9]}-cpu-")
+    # -DLLAMA_BUILD_COMMIT from cmake_args reached the compiled program (read, not run: it is no llama.cpp)
+    assert sha[:9].encode() in (Path(bin_dir) / "llama-bench").read_bytes()
+    assert any("building llama-bench" in m for m in said)
+    said.clear()
+    assert bisect.build_commit(str(repo), sha, said.append, jobs=1) == bin_dir and not said
