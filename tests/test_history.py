@@ -196,6 +196,7 @@ def test_html_report_plots_series_change_points_and_noise_band(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+@pytest.mark.e2e  # a jbench CLI subprocess
 def test_regress_history_mode_refuses_a_baseline_before_reading_anything(tmp_path):
     from .conftest import jbench_cli
 
