@@ -258,7 +258,11 @@ def main() -> None:
         return
     t0 = time.time()
     common = dict(histories=a.histories, nights=a.nights, reps=a.reps, step_at=a.step_at)
-    results: dict = {"machine": platform.node(), "args": vars(a), "cells": []}
+    # Paths inside the checkout are recorded relative to it: the results are read from a clone anywhere.
+    root = OUT.parents[2]
+    args = {k: (str(Path(v).resolve().relative_to(root)) if isinstance(v, str) and Path(v).resolve().is_relative_to(root)
+                else v) for k, v in vars(a).items()}
+    results: dict = {"machine": platform.node(), "args": args, "cells": []}
     if a.cmd == "tune":
         cv = (a.night_cv or [0.01])[0]
         within = a.within_cv if a.within_cv is not None else cv
