@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procstat import load_average, machine  # noqa: E402
 
 from tests.emulated_jetson import EmulatedJetson  # noqa: E402
+from tests.labgrid_fixture import start_coordinator, stop_process  # noqa: E402
 
 ENGINE = Path(__file__).resolve().parent / "farm_engine.sh"
 CLASS = "orin_nano_super"
@@ -301,41 +301,6 @@ def argv_for_report(argv: list[str]) -> str:
 
 
 # -- the coordinator and its observer ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_coordinator(workdir: Path) -> tuple[subprocess.Popen, str]:
-    from jbench.farm.coordinator import Coordinator, CoordinatorError
-
-    workdir.mkdir(parents=True)
-    address = f"127.0.0.1:{free_port()}"
-    exe = Path(sys.executable).with_name("labgrid-coordinator")
-    log = open(workdir / "coordinator.log", "w")
-    proc = subprocess.Popen([str(exe), "--listen", address], cwd=workdir, stdout=log,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            Coordinator(address, connect_timeout_s=1).open().close()
-            return proc, address
-        except CoordinatorError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"labgrid-coordinator did not start: {(workdir / 'coordinator.log').read_text()}")
-            time.sleep(0.2)
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
 
 def add_places(address: str, n: int) -> list[str]:
     from jbench.farm import places as P

@@ -32,31 +32,46 @@ def eventually(check, what: str, timeout: float = 60.0):
         time.sleep(0.2)
 
 
-@pytest.fixture
-def coordinator(tmp_path):
-    """A real labgrid-coordinator on loopback, started as a lab starts it (it keeps places.yaml in its cwd)."""
-    workdir = tmp_path / "coordinator"
-    workdir.mkdir()
+def start_coordinator(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """Start a real labgrid-coordinator on a free loopback port, as a lab starts it (it keeps places.yaml in its
+    cwd, `workdir`, with its output in coordinator.log there); returns once it answers."""
+    workdir.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{_free_port()}"
     exe = Path(sys.executable).with_name("labgrid-coordinator")
-    log = open(workdir / "coordinator.log", "w")
-    proc = subprocess.Popen([str(exe), "--listen", address], cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    with open(workdir / "coordinator.log", "w") as log:  # the child keeps its own copy
+        proc = subprocess.Popen([str(exe), "--listen", address], cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+
+    def up():
+        if proc.poll() is not None:
+            raise AssertionError(f"labgrid-coordinator exited: {(workdir / 'coordinator.log').read_text()}")
+        try:
+            Coordinator(address, connect_timeout_s=1).open().close()
+            return True
+        except CoordinatorError:
+            return False
+
     try:
-        def up():
-            if proc.poll() is not None:
-                raise AssertionError(f"labgrid-coordinator exited: {(workdir / 'coordinator.log').read_text()}")
-            try:
-                Coordinator(address, connect_timeout_s=1).open().close()
-                return True
-            except CoordinatorError:
-                return False
         eventually(up, "labgrid-coordinator answers")
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, address
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    """A real labgrid-coordinator on loopback (its HOST:PORT)."""
+    proc, address = start_coordinator(tmp_path / "coordinator")
+    try:
         yield address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_process(proc)
