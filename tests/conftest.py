@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import re
 import shlex
@@ -50,6 +51,36 @@ def bundled_model() -> dict:
         if quant not in files or not Path(files[quant]["path"]).exists():
             pytest.fail(f"bundled model {quant} missing: run `make setup` (or `jbench setup`) before the tests")
     return files
+
+
+# A llama.cpp build that really is slower: the cached build's sources with SIMD disabled (bisect, confirmation).
+NOSIMD_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=OFF", "-DGGML_AVX=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX2=OFF",
+                "-DGGML_BMI2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+                "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                "-DGGML_AMX_BF16=OFF"]
+
+
+@pytest.fixture(scope="session")
+def nosimd_build(llama_build) -> str:
+    """llama-bench from the cached build's sources with SIMD disabled (x86-64's baseline SSE2 remains), built once
+    into the cache ($JBENCH_CACHE_DIR-aware) with -j2 under nice. Returns its bin directory."""
+    import platform
+
+    from jbench import paths
+    from jbench.models.provision import (LLAMA_CPP_PYTHON_VERSION, cmake_args, compile_llamacpp, extract_sources,
+                                         fetch_sdist)
+
+    commit = llama_build["build_commit"]
+    root = paths.llamacpp_builds_dir() / f"{LLAMA_CPP_PYTHON_VERSION}-{commit}-cpu-nosimd-{platform.machine()}"
+    if not (root / "bin" / "llama-bench").exists():
+        src, _ = extract_sources(fetch_sdist(lambda m: None), lambda m: None)
+        root.mkdir(parents=True, exist_ok=True)
+        # nice: the build shares the machine with the tests around it.
+        compile_llamacpp(src, root, cmake_args(commit, False) + NOSIMD_FLAGS, ("llama-bench",), 2,
+                         root / "build.log", nice=True)
+        (root / "build.json").write_text(json.dumps({"build_commit": commit, "flavor": "cpu-nosimd",
+                                                     "cmake_args": cmake_args(commit, False) + NOSIMD_FLAGS}))
+    return str(root / "bin")
 
 
 def jbench_cli(args: list[str], *, env_extra: dict | None = None, cwd: Path | None = None,
