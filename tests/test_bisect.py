@@ -4,7 +4,6 @@ real llama.cpp builds that really differ in speed: the cached build and one comp
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from jbench.bisect import (BAD, GOOD, UNCLEAR, BisectError, builds_from_dirs, classify, commits_between, ends_differ,
                            repetitions_needed, search)
-from tests.conftest import NOSIMD_FLAGS, jbench_cli  # noqa: F401  (nosimd_build is conftest's)
+from tests.conftest import jbench_cli
 
 # --- the search (pure) -----------------------------------------------------------------------------------------
 
