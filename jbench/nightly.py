@@ -6,7 +6,9 @@ of one class differ); the sweep leases the class (farm places or device entries)
 returns, raises, or is interrupted, so the devices are free before regress and report run. Then regress this
 sweep per unit (`device.unit`) and configuration -- over the history (change points, jbench.analysis.history) once
 a configuration has enough nights, else against the previous night (jbench.analysis.regress); `mode`/`baseline`
-choose -- write the HTML report (the sweep's, and the history's series plot), the markdown and the JUnit XML, and
+choose -- confirm each regression found over the history by measuring the previous and the new build again,
+interleaved on that unit (jbench.confirm; on unless `confirm=False`: an alarm that is not confirmed is cleared), write
+the HTML report (the sweep's, and the history's series plot), the markdown and the JUnit XML, and
 tag the sweep's parent run with the verdict.
 
 Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, devices not ready), 3 no verdict,
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from jbench.analysis.confirm import ConfirmSettings
 from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, HistoryReport, history, max_nights
 from jbench.analysis.regress import (EXIT_NO_VERDICT, EXIT_REGRESSION, REGRESSION, NoData, RegressError,
                                      RegressReport, regress)
@@ -67,6 +70,7 @@ class NightlyResult:
     junit_xml: str = ""
     report_html: Optional[Path] = None
     notes: list[str] = field(default_factory=list)
+    confirmations: list = field(default_factory=list)  # jbench.confirm.Confirmation per alarmed unit x configuration
 
     @property
     def verdict(self) -> str:
@@ -167,7 +171,8 @@ class Nightly:
                  mode: str = "auto",
                  overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (),
                  results_dir: Optional[str | Path] = None, junit: Optional[str | Path] = None,
-                 markdown: Optional[str | Path] = None, report_dir: Optional[str | Path] = None):
+                 markdown: Optional[str | Path] = None, report_dir: Optional[str | Path] = None,
+                 confirm: bool = True, confirm_settings: ConfirmSettings = ConfirmSettings()):
         for path, directory, option in ((junit, False, "--junit"), (markdown, False, "--markdown"),
                                         (report_dir, True, "--report-dir")):
             _check_output(path, directory=directory, option=option)
@@ -175,7 +180,11 @@ class Nightly:
             raise NightlyError(f"mode '{mode}' is not auto, history or pairwise")
         if mode == "history" and baseline is not None:
             raise NightlyError("--baseline chooses the pairwise comparison; drop it or use --mode pairwise")
+        problems = confirm_settings.problems() if confirm else []
+        if problems:
+            raise NightlyError("; ".join(problems))
         self.device_class, self.baseline, self.mode = device_class, baseline, mode
+        self.confirm, self.confirm_settings = confirm, confirm_settings
         self.junit, self.markdown, self.report_dir = junit, markdown, report_dir
         self.plan = plan_nightly(device_class, experiment=experiment, overrides=overrides, config_dirs=config_dirs,
                                  results_dir=results_dir)
@@ -218,8 +227,11 @@ class Nightly:
             result.no_verdict_reason = (f"the results went to the spool ({t.spool_uri}): run `jbench sync`, then "
                                         f"`jbench regress --experiment {swept.experiment}`")
         else:
-            report, result.no_verdict_reason, df = self._regress(t, swept.experiment, swept.sweep_id)
+            report, result.no_verdict_reason, df, history_runs = self._regress(t, swept.experiment, swept.sweep_id)
             result.mode = "history" if isinstance(report, HistoryReport) else "pairwise"
+            if isinstance(report, HistoryReport) and report.alarms() and self.confirm:
+                result.confirmations = self._confirm(report, history_runs, swept.experiment, tracker, say,
+                                                     on_trial_start, on_trial_end)
             if df is not None:
                 result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
@@ -236,9 +248,9 @@ class Nightly:
         return result
 
     def _regress(self, t: Any, experiment: str,
-                 sweep_id: str) -> tuple[Optional[RegressReport | HistoryReport], str, Any]:
+                 sweep_id: str) -> tuple[Optional[RegressReport | HistoryReport], str, Any, Any]:
         """(this sweep judged over its history or against the baseline, why there is no verdict, this sweep's
-        trial runs)."""
+        trial runs, every trial run of the experiment)."""
         from jbench.tracking.reader import repetition_samples, runs_frame, with_current_hashes
 
         df = with_current_hashes(runs_frame(t, [experiment]))
@@ -252,13 +264,32 @@ class Nightly:
             if mode == "history":
                 report = history(df, current=[sweep_id])
                 if not report.results:
-                    return None, "no finished trial runs to check", mine if len(mine) else None
-                return report, "", mine
-            return regress(df, loader, baseline=self.baseline or "last", current=[sweep_id]), "", mine
+                    return None, "no finished trial runs to check", mine if len(mine) else None, df
+                return report, "", mine, df
+            return regress(df, loader, baseline=self.baseline or "last", current=[sweep_id]), "", mine, df
         except NoData as exc:
-            return None, str(exc), mine if len(mine) else None
+            return None, str(exc), mine if len(mine) else None, df
         except (RegressError, HistoryError) as exc:  # e.g. a baseline tag that matches none of this sweep's
-            return None, str(exc), mine if len(mine) else None
+            return None, str(exc), mine if len(mine) else None, df
+
+    def _confirm(self, report: HistoryReport, runs: Any, experiment: str, tracker: Callable[[], Any],
+                 say: Callable[[str], None], on_trial_start: Callable[[Any], None],
+                 on_trial_end: Callable[[Any], None]) -> list:
+        """Each alarm measured again (jbench.confirm); a confirmation that breaks leaves its alarm standing."""
+        from jbench.confirm import confirm
+
+        say(f"{len(report.alarms())} regression(s) over the history: confirming them on their units")
+        try:
+            return confirm(report, runs, self.plan, experiment=experiment, tracker_factory=tracker,
+                           settings=self.confirm_settings, say=say, on_trial_start=on_trial_start,
+                           on_trial_end=on_trial_end)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # the alarm is a measured verdict: never lost to the confirmation's failure
+            log.error("the confirmation failed: %s", exc)
+            for r in report.alarms():
+                r.confirmation = f"not confirmed either way: the confirmation failed: {exc}"
+            return []
 
     def _report(self, t: Any, df: Any, swept: Any, result: NightlyResult,
                 report: Optional[RegressReport | HistoryReport] = None) -> Optional[Path]:
@@ -296,6 +327,8 @@ class Nightly:
                 "jbench.nightly.class": self.device_class, "jbench.nightly.mode": result.mode,
                 "jbench.nightly.baseline": self.baseline or ("history" if result.mode == "history" else "last"),
                 "jbench.nightly.regressed_units": ",".join(result.regressed_units),
+                "jbench.nightly.confirmations": "; ".join(f"{c.unit}/{c.config_hash}: {c.status}"
+                                                          for c in result.confirmations)[:5000],
                 "jbench.nightly.failed_trials": len(result.failed)})
             t.log_texts(result.parent_run_id, {"nightly/regress.md": result.markdown,
                                                "nightly/junit.xml": result.junit_xml})
@@ -333,6 +366,10 @@ def _markdown(result: NightlyResult) -> str:
     if result.report_html:
         lines += [f"Report: {result.report_html}", ""]
     lines += [f"Note: {n}" for n in result.notes] + ([""] if result.notes else [])
+    if result.confirmations:
+        lines += ["Confirmation (the previous and the new build measured again, interleaved on the unit; an alarm "
+                  "that is not confirmed does not fail the nightly):", ""]
+        lines += [f"- {c.describe()}" for c in result.confirmations] + [""]
     if result.regress is not None:
         body = result.regress.to_markdown()
         lines += [body.split("\n", 1)[1].lstrip("\n")]  # its own heading is replaced by the nightly's

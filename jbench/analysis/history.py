@@ -19,8 +19,9 @@ Detection (`detect_changes`), like Apache Otava's E-divisive + t-test, with rupt
      p < alpha and |effect| >= min_effect; the weakest failing candidate is dropped and its neighbours retested
      until every remaining one stands;
   4. at a standing change the fingerprints of the nights around it are compared (`FINGERPRINT_TAGS`: JetPack,
-     L4T, kernel, backend build commit, model file hash, the power state read back); a difference makes the
-     change "changed-environment": reported, not blamed on code.
+     L4T, kernel, backend build commit, model file hash, the power state read back); a difference of the
+     environment (every tag but the backend build) makes the change "changed-environment": reported, not blamed
+     on code. A new backend build alone is the code under test: the change is judged, with the build as suspect.
 The settings (`DetectorSettings`, defaults `DEFAULT_SETTINGS`) were chosen with bench/regress_sensitivity.py on
 simulated histories with the noise jbench measures (docs/regress.md, docs/PERFORMANCE.md).
 
@@ -33,9 +34,9 @@ Verdict per configuration x unit x metric (`verdict`):
 Exit code (`HistoryReport.exit_code`): 1 when any series is a regression; else 3 when any series has no
 verdict, or there is none; else 0 -- the codes of `jbench regress` (jbench.analysis.regress).
 
-A later confirmation step (issue 15: re-measuring the suspected builds interleaved) can take the regressions
-from `HistoryReport.alarms()` and replace their verdict through `SeriesResult.confirmed` without touching
-detection.
+The confirmation step (jbench.confirm, run by `jbench nightly`: the previous and the new build re-measured
+interleaved) takes the regressions from `HistoryReport.alarms()` and sets `SeriesResult.confirmed` (False clears
+the alarm from the exit code, the JUnit failures and the regressed units) without touching detection.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import pandas as pd
 
 from jbench.analysis.compare import CONFIG_HASH, _fmt, _fmt_p, _jsonable, finished_trials
 from jbench.analysis.regress import EXIT_NO_VERDICT, EXIT_REGRESSION, FINGERPRINT_TAGS as PAIRWISE_FINGERPRINT
+from jbench.analysis.regress import environment_changes
 from jbench.analysis.stats import t_ppf
 
 __all__ = ["METRICS", "FINGERPRINT_TAGS", "DetectorSettings", "DEFAULT_SETTINGS", "Night", "Series", "Change",
@@ -149,7 +151,7 @@ class Change:
 
     @property
     def kind(self) -> str:
-        return CHANGED_ENV if self.fingerprint_changes else self.direction
+        return CHANGED_ENV if environment_changes(self.fingerprint_changes) else self.direction
 
     def describe(self, unit: str = "") -> str:
         where = f"from night {self.index + 1}" + (f" ({self.sweep_id}, {self.date})" if self.sweep_id else "")
@@ -158,6 +160,8 @@ class Change:
                 f"{(' ' + unit) if unit else ''}, p={_fmt_p(self.p_value)}, {self.n_before} vs {self.n_after} nights")
         if self.fingerprint_changes:
             text += "; fingerprint changed: " + "; ".join(self.fingerprint_changes)
+            if not environment_changes(self.fingerprint_changes):
+                text += " (the build is the suspect: `jbench bisect` finds the commit)"
         return text
 
 
@@ -169,6 +173,7 @@ class SeriesResult:
     noise_cv: float  # the nightly points' noise (robust sigma / median)
     needs_nights: int = 0  # with no verdict: how many more nights are needed
     confirmed: Optional[bool] = None  # set by a confirmation step; None: not confirmed either way
+    confirmation: str = ""  # what the confirmation step measured, or why it did not run
 
     @property
     def deciding(self) -> Optional[Change]:
@@ -377,8 +382,8 @@ def judge_series(series: Series, settings: DetectorSettings = DEFAULT_SETTINGS) 
     cv = sigma / abs(med) if med and math.isfinite(sigma) else math.nan
     changes = [replace(c, sweep_id=series.nights[c.index].sweep_id, date=series.nights[c.index].date,
                        fingerprint_changes=_fingerprint_changes(series.nights, c.index)) for c in changes]
-    if verdict in (REGRESSION, IMPROVEMENT) and changes[-1].fingerprint_changes:
-        verdict = CHANGED_ENV
+    if verdict in (REGRESSION, IMPROVEMENT) and changes[-1].kind == CHANGED_ENV:
+        verdict = CHANGED_ENV  # the environment changed with it; a new backend build alone is the code under test
     return SeriesResult(series, verdict, changes, cv, needs)
 
 
@@ -431,6 +436,7 @@ class HistoryReport:
             "series": [{"unit": r.series.unit, "config_hash": r.series.config_hash, "label": r.series.label,
                         "metric": r.series.metric, "verdict": r.verdict, "nights": len(r.series.nights),
                         "needs_nights": r.needs_nights, "noise_cv": _jsonable(r.noise_cv), "message": r.message,
+                        "confirmed": r.confirmed, "confirmation": r.confirmation,
                         "changes": [{k: _jsonable(v) if not isinstance(v, tuple) else list(v)
                                      for k, v in c.__dict__.items()} for c in r.changes]}
                        for r in self.results],
@@ -467,8 +473,9 @@ class HistoryReport:
                 note = (f"needs {r.needs_nights} more night(s)" if r.verdict == NO_VERDICT
                         else f"{len(r.changes)} earlier change(s), newest from {r.changes[-1].sweep_id}"
                         if r.changes else "")
-            if r.confirmed is not None:
-                note = (note + "; " if note else "") + ("confirmed" if r.confirmed else "not confirmed")
+            if r.confirmed is not None or r.confirmation:
+                note = (note + "; " if note else "") + ("confirmation: " + (r.confirmation or (
+                    "confirmed" if r.confirmed else "not confirmed")))
             lines.append(f"| {r.verdict} | {se.unit} | {se.label} `{se.config_hash}` | {se.metric} | "
                          f"{len(se.nights)} | {newest} | {cv} | {change} | {ci} | {p} | {first} | {note} |")
         return "\n".join(lines) + "\n"
@@ -489,7 +496,7 @@ class HistoryReport:
             se = r.series
             case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{se.unit or 'device'}",
                                  name=f"{se.label} [{se.config_hash}] {se.metric}")
-            out = f"verdict: {r.verdict}\n{r.message}\n"
+            out = f"verdict: {r.verdict}\n{r.message}\n" + (f"confirmation: {r.confirmation}\n" if r.confirmation else "")
             if r.verdict == REGRESSION and r.confirmed is not False:
                 ET.SubElement(case, "failure", message=r.message.split(";")[0][:500], type="regression").text = out
             elif r.verdict == NO_VERDICT:

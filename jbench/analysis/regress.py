@@ -29,8 +29,10 @@ or else the device entry (device.name):
     p-value is not below alpha (e.g. 4 vs 4 repetitions: 2/70), is "insufficient data", never a pass.
   * fingerprint: tags jetson.jetpack, jetson.l4t, backend.build_commit, model.sha256, host.kernel of the
     newest baseline run vs the newest run now; any difference is reported as
-    "fingerprint changed: <tag> <old> -> <new>" and the configuration gets status
-    'changed-environment' instead of regression/improvement/pass: the change is not blamed on code.
+    "fingerprint changed: <tag> <old> -> <new>". A difference of the environment (every tag but the backend
+    build, CODE_TAGS) gives the configuration status 'changed-environment' instead of
+    regression/improvement/pass: the change is not blamed on code. A new backend build alone is the code under
+    test: the configuration is judged as usual, with the build change shown as the suspect.
 
 Configuration status (first that applies): insufficient-data (no rate testable), changed-environment,
 regression (any rate), insufficient-data (some rate untestable), improvement, pass.
@@ -64,13 +66,21 @@ from jbench.analysis.compare import (
 )
 from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
 
-__all__ = ["FINGERPRINT_TAGS", "MetricCheck", "ConfigResult", "NoData", "RegressError", "RegressReport", "regress",
+__all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck", "ConfigResult", "NoData", "RegressError", "RegressReport", "regress",
            "EXIT_REGRESSION", "EXIT_NO_VERDICT"]
 
 EXIT_REGRESSION = 1
 EXIT_NO_VERDICT = 3  # the same code as jbench.cli.EXIT_NO_VERDICT (docs/cli.md)
 
 FINGERPRINT_TAGS = ("jetson.jetpack", "jetson.l4t", "backend.build_commit", "model.sha256", "host.kernel")
+# The code under test: a difference here is reported as the suspect, and the change is still judged (it is what a
+# nightly exists to catch). Every other fingerprint tag is the environment, which a change is never blamed on.
+CODE_TAGS = ("backend.build_commit",)
+
+
+def environment_changes(changes: Sequence[str]) -> list[str]:
+    """The fingerprint differences ("<tag> <old> -> <new>...") that are not the code under test."""
+    return [c for c in changes if c.split(" ", 1)[0] not in CODE_TAGS]
 DEFAULT_METRICS = ("decode_tps", "prefill_tps")
 
 PASS = "pass"
@@ -460,7 +470,7 @@ def regress(
         verdicts = [c.verdict for c in checks]
         if all(v == INSUFFICIENT for v in verdicts):
             status = INSUFFICIENT
-        elif changes:
+        elif environment_changes(changes):
             status = CHANGED_ENV
         elif REGRESSION in verdicts:
             status = REGRESSION
@@ -473,6 +483,8 @@ def regress(
         note = ""
         if status == CHANGED_ENV and any(v in (REGRESSION, IMPROVEMENT) for v in verdicts):
             note = "the change coincides with a fingerprint change: not attributed to code"
+        elif changes and status in (REGRESSION, IMPROVEMENT):
+            note = "the backend build changed with it: the build is the suspect (`jbench bisect` finds the commit)"
         results.append(ConfigResult(
             device=device, config_hash=str(h), label=_label(rows), status=status,
             now_sweep=",".join(now_sweeps), baseline_sweeps=list(dict.fromkeys(r[SWEEP] for r in base_rows)),

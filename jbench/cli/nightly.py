@@ -17,6 +17,15 @@ Every unit runs the whole matrix (sweep.rerun=true) and is compared with its own
 fails or is interrupted, before regress and report run.
 
 \b
+Confirmation (on by default): each regression found over the history is measured again
+before it fails the night: the build of the night before the change and the newest build
+run interleaved (A B A B ..., --confirm-pairs) on that unit in the configuration's power
+state; the alarm stands only when the paired difference is significant (--confirm-alpha)
+and at least --confirm-threshold. Runs go to the experiment EXPERIMENT-confirm. When it
+cannot run (the previous build's directory is gone, the build did not change), the alarm
+stands with the reason.
+
+\b
 Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
   0  clean: every unit x configuration was tested, none regressed, no trial failed
   1  regression on some unit (named in the summary and the JUnit failures)
@@ -48,18 +57,29 @@ Example:
               help="Write the markdown summary here.")
 @click.option("--report-dir", type=click.Path(file_okay=False), default=None,
               help="The HTML report's directory (default: RESULTS/reports/nightly-CLASS-SWEEP).")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="Measure each regression found over the history again (previous vs new build, interleaved).")
+@click.option("--confirm-pairs", type=int, default=6, show_default=True, help="A B pairs of the confirmation.")
+@click.option("--confirm-alpha", type=float, default=0.01, show_default=True,
+              help="Significance level of the confirmation's paired t-test.")
+@click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
+              help="Smallest relative change (0.01 = 1 %%) a confirmed regression must have.")
 @common_options
 @_config_dir_option
 def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode: str, baseline: Optional[str],
-            junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str],
+            junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str], confirm: bool,
+            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float,
             results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.run import _sigterm_as_interrupt
+    from jbench.analysis.confirm import ConfirmSettings
     from jbench.nightly import EXIT_NO_VERDICT, Nightly, NightlyError
 
     try:
         job = Nightly(device_class, experiment=experiment, baseline=baseline, mode=mode, overrides=list(overrides),
                       config_dirs=list(config_dirs), results_dir=results_dir, junit=junit_path, markdown=md_path,
-                      report_dir=report_dir)
+                      report_dir=report_dir, confirm=confirm,
+                      confirm_settings=ConfirmSettings(pairs=confirm_pairs, alpha=confirm_alpha,
+                                                       min_effect=confirm_threshold))
     except NightlyError as exc:
         raise _fail(str(exc)) from None
     console.print(f"[bold]nightly {escape(device_class)}[/]: {len(job.plan.trials)} trial(s) of "

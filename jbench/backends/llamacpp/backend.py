@@ -255,7 +255,9 @@ class LlamaCppBackend(Backend):
             raise BackendError(
                 "unparseable_output", f"llama-bench printed no {', '.join(sorted(missing))} record", res.stdout, res.stderr
             )
-        return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr, build=build, info=info,
+        # Where the build ran from (tag backend.binary_dir): a nightly alarm's confirmation measures it again.
+        return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr,
+                             build={**build, "binary_dir": self.binary_dir()}, info=info,
                              command=argv, start_time=start_stamp(res.stdout))
 
 
@@ -282,7 +284,8 @@ class LlamaCppBackend(Backend):
                 "server_slots": concurrency,
                 "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
         return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
-                             raw_output=run.records_jsonl(), raw_stderr=run.server_log, build=run.build,
+                             raw_output=run.records_jsonl(), raw_stderr=run.server_log,
+                             build={**run.build, "binary_dir": self.binary_dir()},
                              info=info, command=run.argv, metrics=extra)
 
 

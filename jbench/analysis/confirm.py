@@ -1,0 +1,222 @@
+"""Confirmation of a history alarm (pure): which builds to interleave, and the paired test that decides.
+
+A regression found over the nightly history (jbench.analysis.history) is re-measured before it is reported: the
+build of the last good night (A) and the build of the newest night (B) run interleaved on the same unit in the same
+power state, A B A B ... (jbench.confirm does the running). This module holds the two decisions around that run:
+
+`targets(report, runs)`: for each alarmed unit x configuration, the two builds from the runs' tags
+(`backend.binary_dir`: where the build ran, `backend.build_commit`: what it says it is), taken from the night before
+the change and from the newest night. No A/B is possible, and the alarm stands unconfirmed with the reason, when:
+  * a night's runs do not say where their build is (runs recorded before jbench recorded `backend.binary_dir`, or a
+    backend that has no build directory);
+  * both nights ran the same directory with the same commit: the build did not change, so the change is not in it
+    (a device, model or load change the fingerprint did not catch) and interleaving a build with itself says nothing;
+  * both nights ran the same directory but different commits: the previous build was replaced in place and is gone
+    (keep one directory per build to make confirmation possible).
+
+`paired_change(a, b, direction)`: the pairs (A_i, B_i) give relative changes d_i = (B_i - A_i) / A_i; a one-sample
+Student t-test of d gives the mean change, its confidence interval and p. The alarm is confirmed when the change is
+worse (by the metric's direction) and significant (p < alpha) and at least `min_effect` (the configured threshold);
+otherwise it is not confirmed and leaves the exit code, the JUnit failures and the regressed units.
+Pairing removes what drifts slowly between pairs (temperature, background load) from the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pandas as pd
+
+from jbench.analysis.history import DEVICE, SWEEP, UNIT, HistoryReport, SeriesResult
+from jbench.analysis.compare import CONFIG_HASH
+
+__all__ = ["ConfirmSettings", "BuildRef", "Target", "Skipped", "PairedChange", "targets", "paired_change"]
+
+BINARY_DIR = "tags.backend.binary_dir"
+BUILD_COMMIT = "tags.backend.build_commit"
+PLACE = "tags.farm.place"
+
+
+@dataclass(frozen=True)
+class ConfirmSettings:
+    pairs: int = 6  # A B pairs; 6 pairs separate a 2 % change at 0.5 % per-trial noise (t ~ 7, p ~ 0.001)
+    alpha: float = 0.01  # the paired t-test's significance
+    min_effect: float = 0.01  # the threshold: a smaller confirmed change clears the alarm
+    repetitions: Optional[int] = None  # per trial; None: the configuration's own
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.pairs < 3:
+            out.append(f"confirmation pairs {self.pairs}: at least 3 are needed for a paired t-test")
+        if not 0 < self.alpha < 0.5:
+            out.append(f"confirmation alpha {self.alpha}: give a significance level between 0 and 0.5, e.g. 0.01")
+        if not 0 <= self.min_effect < 1:
+            out.append(f"confirmation threshold {self.min_effect}: give a relative change between 0 and 1, e.g. 0.01")
+        if self.repetitions is not None and self.repetitions < 1:
+            out.append(f"confirmation repetitions {self.repetitions}: give at least 1")
+        return out
+
+
+@dataclass(frozen=True)
+class BuildRef:
+    binary_dir: str
+    commit: str  # "" when the run did not record one
+    sweep_id: str  # the night it ran
+
+    def describe(self) -> str:
+        return f"{self.binary_dir} (commit {self.commit or 'unknown'}, night {self.sweep_id})"
+
+
+@dataclass
+class Target:
+    """One unit x configuration to re-measure: its alarms (one per alarmed metric) and the two builds."""
+
+    unit: str
+    config_hash: str
+    label: str
+    alarms: list[SeriesResult]
+    previous: BuildRef  # A: the last good night's build
+    new: BuildRef  # B: the newest night's build
+    place: Optional[str] = None  # the farm place the unit was leased as, when it came from a coordinator
+
+    @property
+    def metrics(self) -> list[str]:
+        return [r.series.metric for r in self.alarms]
+
+
+@dataclass
+class Skipped:
+    """An alarm that cannot be confirmed: it stands, unconfirmed, with the reason."""
+
+    unit: str
+    config_hash: str
+    label: str
+    alarms: list[SeriesResult]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PairedChange:
+    metric: str
+    n_pairs: int
+    mean_a: float
+    mean_b: float
+    change: float  # mean relative change (B - A) / A over the pairs
+    ci_low: float  # (1 - alpha) interval of the mean relative change
+    ci_high: float
+    p_value: float
+    worse: bool  # the change is in the metric's bad direction
+    confirmed: bool
+    reason: str = ""  # why it is not confirmed, or what is missing
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.n_pairs == 0:
+            return f"{self.metric}: {self.reason}"
+        pct = lambda x: f"{x * 100:+.2f} %"  # noqa: E731
+        text = (f"{self.metric}: previous {self.mean_a:.4g} vs new {self.mean_b:.4g} over {self.n_pairs} pairs, "
+                f"paired change {pct(self.change)} (CI {pct(self.ci_low)} … {pct(self.ci_high)}), "
+                f"p={self.p_value:.2g}: {'confirmed' if self.confirmed else 'not confirmed'}")
+        return text + (f" ({self.reason})" if self.reason else "")
+
+
+def _unit_of(df: pd.DataFrame) -> pd.Series:
+    unit = df[UNIT] if UNIT in df.columns else pd.Series(None, index=df.index, dtype=object)
+    device = df[DEVICE] if DEVICE in df.columns else pd.Series("", index=df.index, dtype=object)
+    return unit.where(unit.notna() & (unit != ""), device).astype(str)
+
+
+def _build_of(rows: pd.DataFrame, sweep_id: str) -> Optional[BuildRef]:
+    night = rows[rows[SWEEP] == sweep_id]
+    if night.empty or BINARY_DIR not in night.columns:
+        return None
+    last = night.sort_values("start_time", kind="stable").iloc[-1]
+    d = last.get(BINARY_DIR)
+    if not isinstance(d, str) or not d:
+        return None
+    commit = last.get(BUILD_COMMIT)
+    return BuildRef(d, commit if isinstance(commit, str) else "", sweep_id)
+
+
+def targets(report: HistoryReport, runs: pd.DataFrame) -> tuple[list[Target], list[Skipped]]:
+    """The alarms of `report` (regressions whose change starts on the newest nights) grouped per unit x
+    configuration, with the builds to interleave, or the reason none can be (module doc)."""
+    grouped: dict[tuple[str, str], list[SeriesResult]] = {}
+    for r in report.alarms():
+        grouped.setdefault((r.series.unit, r.series.config_hash), []).append(r)
+    if not grouped:
+        return [], []
+    df = runs.assign(_unit=_unit_of(runs)) if len(runs) else runs
+    out, skipped = [], []
+    for (unit, h), alarms in grouped.items():
+        label = alarms[0].series.label
+        change = alarms[0].deciding
+        nights = alarms[0].series.nights
+        rows = df[(df["_unit"] == unit) & (df[CONFIG_HASH].astype(str) == h)] if len(df) else df
+        if change is None or change.index < 1 or rows.empty:
+            skipped.append(Skipped(unit, h, label, alarms, "no night before the change to take the previous "
+                                                            "build from"))
+            continue
+        before, newest = nights[change.index - 1].sweep_id, nights[-1].sweep_id
+        a, b = _build_of(rows, before), _build_of(rows, newest)
+        if a is None or b is None:
+            which = before if a is None else newest
+            skipped.append(Skipped(unit, h, label, alarms, f"the runs of night {which} do not record where their "
+                                   "build is (tag backend.binary_dir): nothing to interleave"))
+            continue
+        if a.binary_dir == b.binary_dir:
+            if a.commit and b.commit and a.commit != b.commit:
+                reason = (f"the previous build (commit {a.commit}) was replaced in place by commit {b.commit} in "
+                          f"{a.binary_dir}: keep one directory per build (e.g. backend.binary_dir=/opt/llama.cpp/"
+                          "<commit>/bin) so that the previous build can be measured again")
+            else:
+                reason = (f"the build did not change at the change (both nights ran {a.binary_dir}, commit "
+                          f"{a.commit or 'unknown'}): the change is not in the build, so there is nothing to "
+                          "interleave; look at the device and the fingerprint")
+            skipped.append(Skipped(unit, h, label, alarms, reason))
+            continue
+        place = rows[PLACE].dropna().iloc[-1] if PLACE in rows.columns and rows[PLACE].notna().any() else None
+        out.append(Target(unit, h, label, alarms, a, b, place))
+    return out, skipped
+
+
+def paired_change(a: Sequence[float], b: Sequence[float], direction: int, *, metric: str = "",
+                  alpha: float = ConfirmSettings.alpha, min_effect: float = ConfirmSettings.min_effect) -> PairedChange:
+    """The paired test of B against A (module doc). Pairs with a missing or non-finite value on either side are
+    left out; fewer than 3 pairs decide nothing (not confirmed, with the reason)."""
+    from jbench.analysis.stats import _scipy_stats, t_ppf
+
+    pairs = [(float(x), float(y)) for x, y in zip(a, b)
+             if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y)) and float(x)]
+    n = len(pairs)
+    nan = math.nan
+    if n < 3:
+        return PairedChange(metric, n, nan, nan, nan, nan, nan, nan, False, False,
+                            f"{n} complete pair(s): a paired test needs at least 3", pairs)
+    d = [(y - x) / x for x, y in pairs]
+    mean = sum(d) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
+    if sd == 0:
+        p, low, high = (0.0 if mean else 1.0), mean, mean
+    else:
+        se = sd / math.sqrt(n)
+        t = mean / se
+        p = float(2 * _scipy_stats().t.sf(abs(t), n - 1))
+        half = t_ppf(1 - alpha / 2, n - 1) * se
+        low, high = mean - half, mean + half
+    worse = mean * direction < 0
+    confirmed = worse and p < alpha and abs(mean) >= min_effect
+    reason = ""
+    if not confirmed:
+        if not worse:
+            reason = "the new build is not worse than the previous one"
+        elif p >= alpha:
+            reason = f"not significant at alpha {alpha:g}"
+        else:
+            reason = f"smaller than the threshold {min_effect:.1%}"
+    mean_a = sum(x for x, _ in pairs) / n
+    mean_b = sum(y for _, y in pairs) / n
+    return PairedChange(metric, n, mean_a, mean_b, mean, low, high, p, worse, confirmed, reason, pairs)

@@ -1,0 +1,191 @@
+"""Confirming a nightly alarm by measuring again: the previous good build and the new build, interleaved.
+
+After `jbench nightly` finds regressions over the history, each alarmed unit x configuration is measured again
+before the alarm is reported (on by default; `--no-confirm` turns it off). The builds come from the runs
+(jbench.analysis.confirm.targets): A, the build of the night before the change, and B, the newest night's. They
+run as one small sweep on that unit alone, leased again (farm place or device entry), in the configuration's own
+power state (applied, verified and restored by the sweep as in any sweep), in the order A B A B ... (`pairs`
+rounds). Each trial is a full measurement of the configuration (its repetitions); the pairs go to the paired test
+(jbench.analysis.confirm.paired_change), whose verdict sets `SeriesResult.confirmed` for each alarmed metric.
+
+The runs are recorded in the experiment `<nightly experiment>-confirm` (never in the nightly's own: they would be
+nights of its history), as a sweep whose parent run carries the verdicts (tags confirm.*). Anything that keeps the
+confirmation from running (the previous build is gone from the unit, the unit is not free, a trial failed) leaves
+the alarm standing, unconfirmed, with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import pandas as pd
+
+from jbench.analysis.confirm import ConfirmSettings, PairedChange, Skipped, Target, paired_change, targets
+from jbench.analysis.history import METRICS, HistoryReport
+from jbench.results import Status
+from jbench.sweeps.plan import Plan
+from jbench.trial import Trial
+
+log = logging.getLogger("jbench.confirm")
+
+PREVIOUS, NEW = "previous", "new"
+BUILD_KEY = "confirm.build"  # the trial point that tells A from B (and names the runs)
+
+
+@dataclass
+class Confirmation:
+    """What happened to one alarmed unit x configuration."""
+
+    unit: str
+    config_hash: str
+    label: str
+    metrics: list[str]
+    status: str  # confirmed | not confirmed | mixed | not run
+    reason: str = ""  # not run: why
+    target: Optional[Target] = None
+    changes: list[PairedChange] = field(default_factory=list)
+    sweep_id: str = ""
+    parent_run_id: Optional[str] = None
+
+    def describe(self) -> str:
+        head = f"{self.unit} {self.label} [{self.config_hash}]: {self.status}"
+        if self.status == "not run":
+            return f"{head}: {self.reason}"
+        t = self.target
+        builds = f"previous {t.previous.describe()} vs new {t.new.describe()}" if t else ""
+        return f"{head} ({builds}; sweep {self.sweep_id}): " + "; ".join(c.describe() for c in self.changes)
+
+
+def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, experiment: str) -> Plan:
+    """The sweep that measures A and B interleaved on the target's unit: `pairs` rounds of [A, B]."""
+    base = next((t for t in nightly.trials if t.config_hash == target.config_hash), None)
+    if base is None:
+        raise LookupError(f"configuration {target.config_hash} is not in tonight's plan")
+    trials: list[Trial] = []
+    for r in range(1, settings.pairs + 1):
+        for which, build in ((PREVIOUS, target.previous), (NEW, target.new)):
+            config = copy.deepcopy(base.config)
+            config["backend"]["binary_dir"] = build.binary_dir
+            if settings.repetitions:
+                config["backend"]["repetitions"] = settings.repetitions
+            elif base.rounds > 1:  # the nightly split its repetitions over rounds: a pair gets them all
+                config["backend"]["repetitions"] = base.config["backend"]["repetitions"] * base.rounds
+            trials.append(Trial(index=len(trials) + 1, config=config, choices=dict(base.choices),
+                                point={**base.point, BUILD_KEY: which}, config_hash=base.config_hash,
+                                round=r, rounds=settings.pairs))
+    pool = nightly.pool
+    if pool is not None:
+        if pool.coordinator:
+            selector = {**pool.selector, "name": target.place} if target.place else dict(pool.selector)
+            pool = dataclasses.replace(pool, selector=selector, count=1)
+        else:
+            members = [m for m in pool.members if m.get("name") == target.unit]
+            if not members:
+                raise LookupError(f"unit {target.unit} is no longer a device entry of class {pool.device_class}")
+            pool = dataclasses.replace(pool, members=members)
+    tracking = {**nightly.tracking, "experiment_name": experiment}
+    # Every round is measured (nothing is "already FINISHED"), and no round is dropped for noise.
+    sweep = {**nightly.sweep, "rerun": True, "rounds": settings.pairs}
+    return dataclasses.replace(nightly, trials=trials, tracking=tracking, sweep=sweep, rounds=settings.pairs,
+                               pool=pool, notes=[], problems=[])
+
+
+def _pairs(outcomes: list, metric: str) -> tuple[list[float], list[float]]:
+    """(A values, B values) by round; a round missing either side gives NaN there (the test leaves it out)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for o in outcomes:
+        if o.status != Status.FINISHED:
+            continue
+        which = o.trial.point.get(BUILD_KEY)
+        value = o.metrics.get(metric)
+        if which and value is not None:
+            by_round.setdefault(o.trial.round, {})[which] = float(value)
+    rounds = sorted(by_round)
+    nan = float("nan")
+    return ([by_round[r].get(PREVIOUS, nan) for r in rounds], [by_round[r].get(NEW, nan) for r in rounds])
+
+
+def _status(changes: list[PairedChange]) -> str:
+    confirmed = [c.confirmed for c in changes]
+    return "confirmed" if all(confirmed) else "not confirmed" if not any(confirmed) else "mixed"
+
+
+def confirm(report: HistoryReport, runs: pd.DataFrame, nightly: Plan, *, experiment: str,
+            tracker_factory: Callable[[], Any], settings: ConfirmSettings = ConfirmSettings(),
+            say: Callable[[str], None] = lambda m: None, on_trial_start: Callable[[Any], None] = lambda t: None,
+            on_trial_end: Callable[[Any], None] = lambda o: None) -> list[Confirmation]:
+    """Measure every alarm of `report` again (module doc) and set each alarmed series' `confirmed`. Returns one
+    Confirmation per unit x configuration. KeyboardInterrupt propagates (the sweep restored the unit)."""
+    from jbench.farm.coordinator import CoordinatorError
+    from jbench.farm.places import FarmError
+    from jbench.sweeps.sweep import PreflightError, Sweep
+
+    found, skipped = targets(report, runs)
+    out = [_not_run(s) for s in skipped]
+    confirm_experiment = f"{experiment}-confirm"
+    for target in found:
+        say(f"confirming the regression of {target.label} on {target.unit}: previous build "
+            f"{target.previous.binary_dir} vs new {target.new.binary_dir}, {settings.pairs} pairs")
+        try:
+            plan = confirmation_plan(nightly, target, settings, confirm_experiment)
+            swept = Sweep(plan, tracker_factory, every_unit=True, on_trial_start=on_trial_start,
+                          on_trial_end=on_trial_end).run()
+        except LookupError as exc:
+            out.append(_not_run(target, f"cannot plan the confirmation: {exc}"))
+            continue
+        except PreflightError as exc:
+            out.append(_not_run(target, f"the unit is not ready for the confirmation: {exc}"))
+            continue
+        except (FarmError, CoordinatorError) as exc:
+            out.append(_not_run(target, f"the farm gave the unit back for no confirmation: {exc}"))
+            continue
+        changes = []
+        for r in target.alarms:
+            a, b = _pairs(swept.outcomes, r.series.metric)
+            change = paired_change(a, b, METRICS.get(r.series.metric, 1), metric=r.series.metric,
+                                   alpha=settings.alpha, min_effect=settings.min_effect)
+            changes.append(change)
+            if change.n_pairs >= 3:
+                r.confirmed = change.confirmed
+            r.confirmation = change.describe()
+        failed = [o for o in swept.outcomes if o.status != Status.FINISHED]
+        c = Confirmation(target.unit, target.config_hash, target.label, target.metrics, _status(changes),
+                         target=target, changes=changes, sweep_id=swept.sweep_id, parent_run_id=swept.parent_run_id)
+        if all(ch.n_pairs < 3 for ch in changes):
+            c.status = "not run"
+            c.reason = (f"{len(failed)} of {len(swept.outcomes)} confirmation trial(s) did not finish"
+                        + (f" (first: {failed[0].error})" if failed else ""))
+        out.append(c)
+        _tag(tracker_factory, c, settings)
+        say(f"  {c.describe()}")
+    return out
+
+
+def _not_run(what: Target | Skipped, reason: Optional[str] = None) -> Confirmation:
+    reason = reason or getattr(what, "reason", "")
+    for r in what.alarms:
+        r.confirmation = f"not confirmed either way: {reason}"
+    return Confirmation(what.unit, what.config_hash, what.label, [r.series.metric for r in what.alarms], "not run",
+                        reason, target=what if isinstance(what, Target) else None)
+
+
+def _tag(tracker_factory: Callable[[], Any], c: Confirmation, settings: ConfirmSettings) -> None:
+    """The verdict on the confirmation sweep's parent run; a store problem costs the tags, not the verdict."""
+    if not c.parent_run_id:
+        return
+    try:
+        t = tracker_factory()
+        tags = {"confirm.status": c.status, "confirm.unit": c.unit, "confirm.config_hash": c.config_hash,
+                "confirm.pairs": settings.pairs, "confirm.alpha": settings.alpha,
+                "confirm.threshold": settings.min_effect,
+                "confirm.previous_build": c.target.previous.describe() if c.target else "",
+                "confirm.new_build": c.target.new.describe() if c.target else ""}
+        for ch in c.changes:
+            tags[f"confirm.{ch.metric}"] = ch.describe()[:5000]
+        t.log(c.parent_run_id, tags=tags)
+    except Exception as exc:
+        log.error("tagging the confirmation run failed: %s", exc)
