@@ -270,20 +270,22 @@ def device_cuda(conn: "Connection") -> tuple[Optional[str], str]:
     return None, "CPU build (nvcc on the device but no NVIDIA GPU visible)"
 
 
-def _device_step(conn: "Connection", log_path: str, argv: list[str], short: str, timeout: float = BUILD_TIMEOUT_S) -> None:
+def _device_step(conn: "Connection", log_path: str, argv: list[str], short: str,
+                 timeout: float = BUILD_TIMEOUT_S) -> None:
     """One build step on the device, logged there; BisectError with the log's tail when it fails."""
     res = conn.run(["sh", "-c", _LOGGED, "sh", log_path, *argv], timeout=timeout)
     if res.returncode != 0:
         tail = conn.run(["tail", "-n", "25", log_path], timeout=30).stdout.rstrip()
-        raise BisectError(f"commit {short} does not build on device '{conn.name}': `{' '.join(argv[:3])} ...` failed "
-                          f"(exit {res.returncode}); full log on the device: {log_path}\n{tail}")
+        raise BisectError(f"commit {short} does not build on device '{conn.name}': `{' '.join(argv[:3])} ...` "
+                          f"failed (exit {res.returncode}); full log on the device: {log_path}\n{tail}")
 
 
 def _send_file(conn: "Connection", local: Path, remote: str) -> None:
     """Copy a file to the device over SFTP (on the SSH connection's own transport)."""
     transport = getattr(conn, "transport", None)
     if transport is None:
-        raise BisectError(f"device '{conn.name}' offers no file transfer: building commits there needs an SSH device")
+        raise BisectError(f"device '{conn.name}' offers no file transfer: building commits there needs an SSH "
+                          "device")
     import paramiko
 
     sftp = paramiko.SFTPClient.from_transport(transport())
@@ -295,8 +297,8 @@ def _send_file(conn: "Connection", local: Path, remote: str) -> None:
 
 def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
                            jobs: Optional[int] = None) -> str:
-    """llama-bench of `commit` built ON the device: `git archive` here, sent over SFTP, configured with `jbench setup`'s
-    CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
+    """llama-bench of `commit` built ON the device: `git archive` here, sent over SFTP, configured with `jbench
+    setup`'s CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
     <state_dir>/llama.cpp/bisect-<commit>-<cpu|cuda>-<machine>, reused when already there. The build log stays
     there (build.log). Returns the bin directory on the device."""
     from jbench.device.ondevice import first_tool
@@ -430,6 +432,8 @@ class Bisector:
         except ConfigError as exc:
             raise BisectError(str(exc)) from None
         if p.problems:
+            if len(p.trials) == 1 and p.trials[0].config["device"].get("kind", "local") == "local":
+                locate_dirs(self.builds)  # a wrong --builds directory is named first, as before the configuration
             raise BisectError("the configuration cannot run: " + "; ".join(p.problems))
         if len(p.trials) != 1:
             raise BisectError(f"the failing configuration must be one trial, the overrides give {len(p.trials)}: "

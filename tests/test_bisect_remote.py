@@ -5,6 +5,7 @@ commit built ON the device (git archive -> SFTP -> CMake there) on a tiny real C
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from jbench.bisect import BisectError, build_commit_on_device
 from jbench.device.connect import connect
 from tests.conftest import jbench_cli
 from tests.test_bisect import CONFIG, _ladder, _runs
-from tests.test_ssh_devices import device_cfg, write_conf
+from tests.test_device_sweeps import JBENCH, _nothing_left, _popen, _stop
+from tests.test_ssh_devices import _wait_for, device_cfg, write_conf
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -87,13 +89,97 @@ def test_a_build_directory_without_llama_bench_on_the_device_is_refused(orin_nan
     assert emu.clock_state()["mode_name"] == "25W"
     assert not list(Path(emu.home).glob(".cache/jbench/lease-*.json"))
     assert not (tmp_path / "results").exists() or not _runs(tmp_path / "results")
+    # the model file must be on the device (the sweep's remote model check)
+    proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(tmp_path / "results"),
+                       "--builds", llama_build["bin_dir"], llama_build["bin_dir"], "device=emu", *CONFIG,
+                       "model.source=files", "model.name=mine", f"model.path_template='{tmp_path}/nope/{{quant}}.gguf'"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"model file {tmp_path}/nope/Q4_0.gguf not found on device 'emu'" in proc.stderr
+    assert not list(Path(emu.home).glob(".cache/jbench/lease-*.json"))
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_a_remote_bisect_holds_the_device_and_ctrl_c_restores_its_power_state(orin_nano_super_r39, tmp_path,
+                                                                            llama_build, bundled_model):
+    emu = orin_nano_super_r39
+    conf = write_conf(tmp_path, emu)
+    dirs = _ladder(tmp_path, llama_build["bin_dir"], llama_build["bin_dir"], ["fast", "fast", "fast"])
+    results = tmp_path / "results"
+    # Many long repetitions: the good end is still being measured when Ctrl-C comes.
+    proc = _popen([JBENCH, "bisect", "--config-dir", str(conf), "--builds", *dirs, "device=emu", "model.quant=Q4_0",
+                   "backend.n_prompt=0", "backend.n_gen=256", "--repetitions", "50", "--max-repetitions", "50",
+                   "power.mode=MAXN_SUPER", "power.jetson_clocks=true"], results)
+    try:
+        # measuring on the device now, in the requested state
+        assert _wait_for(lambda: proc.poll() is not None or bool(emu.device_processes(["llama-bench"])))
+        assert proc.poll() is None, _stop(proc)
+        st = emu.clock_state()
+        assert st["mode_name"] == "MAXN_SUPER" and st["all_locked"], st
+        # the bisection holds the device's lease: a sweep of another controller is refused meanwhile
+        other = jbench_cli(["run", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={dirs[0]}",
+                            "model.quant=Q4_0", "backend.n_gen=4", "telemetry.source=none"],
+                           env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r2")})
+        assert other.returncode == 2 and "in use by another jbench controller" in other.stderr, other.stderr
+        assert f"pid {proc.pid}" in other.stderr
+        proc.send_signal(signal.SIGINT)
+        out, err = _stop(proc, grace_s=120)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 130, out + err
+    assert "interrupted: the bisect run is recorded as KILLED" in err
+    st = emu.clock_state()
+    assert st["mode_name"] == "25W" and st["none_locked"], st
+    assert not list(Path(emu.home).glob(".cache/jbench/lease-*.json"))
+    assert _wait_for(lambda: _nothing_left(emu), timeout=30)
+    parent = [r for r in _runs(results) if r.data.tags.get("jbench.kind") == "bisect"]
+    assert len(parent) == 1 and parent[0].info.status == "KILLED"
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # the SIMD-less build, when this test is the first to need it
+def test_remote_bisect_over_git_commits_uses_the_device_build_cache(orin_nano_super_r39, tmp_path, llama_build,
+                                                                     nosimd_build, bundled_model):
+    """--repo with a remote device: each commit's llama-bench is looked up in the DEVICE's per-commit cache
+    (<state_dir>/llama.cpp/bisect-<commit>-cpu-<device machine>), seeded here with the two real builds: the commit
+    walk, the device cache and the record (the on-device compile itself: the test below)."""
+    emu = orin_nano_super_r39
+    conf = write_conf(tmp_path, emu)
+    repo = tmp_path / "llama.cpp"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "master")
+    shas = []
+    for name in ("good", "regressed", "later"):
+        (repo / name).write_text(name)
+        shas.append(_commit(repo, name))
+    with connect(device_cfg(emu)) as conn:
+        machine = conn.run(["uname", "-m"], timeout=30).stdout.strip()
+    cache = Path(emu.home) / ".cache" / "jbench" / "llama.cpp"
+    for sha, build in zip(shas, (llama_build["bin_dir"], nosimd_build, nosimd_build)):
+        bin_dir = cache / f"bisect-{sha[:9]}-cpu-{machine}" / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "llama-bench").symlink_to(Path(build) / "llama-bench")
+    results = tmp_path / "results"
+    proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(results), "--repo", str(repo),
+                       "--good", "HEAD~2", "--bad", "master", "device=emu", *CONFIG,
+                       "--repetitions", "4", "--max-repetitions", "6"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout
+    assert "building llama-bench" not in proc.stderr  # every commit came from the device's cache
+    steps = sorted((r for r in _runs(results) if r.data.tags.get("jbench.kind") == "bisect_step"),
+                   key=lambda r: int(r.data.tags["bisect.step"]))
+    assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
+        [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
+    assert all(r.data.params["backend.binary_dir"].startswith(str(cache)) for r in steps)
 
 
 @pytest.mark.ssh
 def test_a_commit_is_built_on_the_device_once_and_cached_there(orin_nano_super_r39, tmp_path):
-    """build_commit_on_device on a real (tiny) CMake project committed to git: `git archive` here, SFTP to the device,
-    `jbench setup`'s CMake arguments, only the llama-bench target, into the device's per-commit cache; the second call
-    reuses it; a commit that does not build names its log on the device and shows its tail."""
+    """build_commit_on_device on a real (tiny) CMake project committed to git: `git archive` here, SFTP to the
+    device, `jbench setup`'s CMake arguments, only the llama-bench target, into the device's per-commit cache; the
+    second call reuses it; a commit that does not build names its log on the device and shows its tail."""
     emu = orin_nano_super_r39
     repo = tmp_path / "proj"
     repo.mkdir()

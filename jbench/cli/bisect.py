@@ -57,7 +57,8 @@ Example:
               help="Repetitions of each end's first measurement.")
 @click.option("--max-repetitions", type=int, default=30, show_default=True,
               help="Upper bound of the repetitions per build that the ends' noise asks for.")
-@click.option("--jobs", type=int, default=None, help="With --repo: parallel build jobs (default: all cores of the machine building).")
+@click.option("--jobs", type=int, default=None,
+              help="With --repo: parallel build jobs (default: all cores of the machine building).")
 @common_options
 @_config_dir_option
 def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Optional[str], good: Optional[str],
