@@ -265,7 +265,7 @@ def device_cuda(conn: "Connection") -> tuple[Optional[str], str]:
     nvcc = first_tool(conn, ["nvcc"], ("/usr/local/cuda/bin/nvcc",))
     if nvcc is None:
         return None, "CPU build (no nvcc on the device)"
-    if any(conn.exists(p) for p in _JETSON_GPU_NODES) or conn.run(["nvidia-smi", "-L"], timeout=30).ok:
+    if any(conn.exists(p) for p in _JETSON_GPU_NODES) or "GPU" in conn.run(["nvidia-smi", "-L"], timeout=30).stdout:
         return nvcc, f"CUDA build ({nvcc} and an NVIDIA GPU on the device)"
     return None, "CPU build (nvcc on the device but no NVIDIA GPU visible)"
 
