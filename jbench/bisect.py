@@ -9,14 +9,18 @@ is classified by which end its mean is closer to, and the verdict stands only wh
 verdict. Binary search then halves the range [last good, first bad] until they are neighbours.
 
 The measuring (impure): each build runs the failing configuration's llama-bench (the same backend `jbench run`
-uses) with `backend.binary_dir` pointing at it; every build measured is a child run of one "bisect" parent run
-(tags bisect.*), written through jbench.tracking. Builds are either a list of directories or commits of a
-llama.cpp git checkout, built here (the embedded default, a local device) with `jbench setup`'s CMake
-configuration and cached per commit.
+uses) with `backend.binary_dir` pointing at it, through the device's connection; every build measured is a child
+run of one "bisect" parent run (tags bisect.*), written through jbench.tracking. The device is handled by the
+sweep's own code (jbench.sweeps.sweep.Sweep, jbench.device.lease, jbench.device.power): its on-device lease is held
+for the whole bisection and a requested power state is applied, verified, and restored at the end (also on Ctrl-C
+or an error). Builds are either a list of directories (on the device) or commits of a llama.cpp git checkout on
+this machine, built with `jbench setup`'s CMake configuration and cached per commit: here for a local device, on
+the device itself over SSH (git archive -> SFTP -> CMake there) for a remote one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -25,12 +29,16 @@ import shutil
 import statistics
 import subprocess
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from jbench import paths
+
+if TYPE_CHECKING:
+    from jbench.device.connection import Connection
 
 log = logging.getLogger("jbench.bisect")
 
@@ -120,29 +128,68 @@ class Build:
     label: str
     bin_dir: Optional[str] = None
     commit: Optional[str] = None
-    make: Optional[Callable[[], str]] = None  # builds it and returns its bin dir
+    # builds it for the device (its connection and config) and returns its bin dir there
+    make: Optional[Callable[["Connection", dict], str]] = None
+    # a --builds directory not looked into yet: on a remote device it is found once the device is connected
+    directory: Optional[str] = None
 
-    def resolve(self) -> str:
+    def resolve(self, conn: Optional["Connection"] = None, device: Optional[dict] = None) -> str:
         if self.bin_dir is None and self.make is not None:
-            self.bin_dir = self.make()
+            if conn is None:
+                raise BisectError(f"build {self.label} is built for a device: no device connection given")
+            self.bin_dir = self.make(conn, device or {})
         if self.bin_dir is None:
             raise BisectError(f"build {self.label} has no directory")
         return self.bin_dir
 
 
-def builds_from_dirs(dirs: Sequence[str]) -> list[Build]:
-    """Each directory must hold llama-bench (a build's bin/ directory, or its root with bin/ inside)."""
-    builds = []
-    for d in dirs:
-        p = Path(d).expanduser()
-        if (p / "bin" / "llama-bench").exists() and not (p / "llama-bench").exists():
-            p = p / "bin"
-        if not (p / "llama-bench").exists():
-            raise BisectError(f"--builds {d}: no llama-bench in it (give the build's bin directory)")
-        builds.append(Build(label=str(d), bin_dir=str(p.resolve())))
-    if len(builds) < 2:
+def _llama_bench_dir(directory: str, conn: Optional["Connection"]) -> Optional[str]:
+    """The directory holding an executable llama-bench: `directory` itself, or its bin/ (a build's root); on the
+    device when conn is a remote connection. None when neither holds one."""
+    if conn is None or conn.is_local:
+        p = Path(directory).expanduser()
+        for candidate in (p, p / "bin"):
+            if (candidate / "llama-bench").is_file() and os.access(candidate / "llama-bench", os.X_OK):
+                return str(candidate.resolve())
+        return None
+    p = conn.expand_path(directory).rstrip("/") or "/"
+    for candidate in (p, f"{p}/bin"):
+        if conn.run(["test", "-f", f"{candidate}/llama-bench", "-a", "-x", f"{candidate}/llama-bench"],
+                    timeout=30).returncode == 0:
+            return candidate
+    return None
+
+
+def dir_builds(dirs: Sequence[str]) -> list[Build]:
+    """--builds as given, looked into later (on the device the bisection measures on: see locate_dirs)."""
+    if len(dirs) < 2:
         raise BisectError("--builds needs at least two directories: the known good build first, the bad one last")
+    return [Build(label=str(d), directory=str(d)) for d in dirs]
+
+
+def builds_from_dirs(dirs: Sequence[str], conn: Optional["Connection"] = None) -> list[Build]:
+    """Each directory must hold an executable llama-bench (a build's bin directory, or its root with bin/ inside),
+    on this machine, or on the device of a remote connection `conn`."""
+    builds = dir_builds(dirs)
+    locate_dirs(builds, conn)
     return builds
+
+
+def locate_dirs(builds: Sequence[Build], conn: Optional["Connection"] = None) -> None:
+    """Find llama-bench in every --builds directory (on the device when conn is remote): one message naming every
+    directory that has none, before anything is measured."""
+    missing = []
+    for b in builds:
+        if b.directory is None or b.bin_dir is not None:
+            continue
+        found = _llama_bench_dir(b.directory, conn)
+        if found is None:
+            missing.append(b.directory)
+        b.bin_dir = found
+    if missing:
+        where = "" if conn is None or conn.is_local else f" on device '{conn.name}'"
+        raise BisectError(f"--builds {', '.join(missing)}: no executable llama-bench in it{where} (give the build's "
+                          "bin directory" + (", a path on the device" if where else "") + ")")
 
 
 def _git(repo: str, *args: str) -> str:
@@ -203,9 +250,114 @@ def build_commit(repo: str, commit: str, say: Say, jobs: Optional[int] = None) -
     return str(bin_dir)
 
 
+# The device nodes of an NVIDIA GPU on a Jetson (the same ones `jbench setup`'s gpu_visible looks for here).
+_JETSON_GPU_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl", "/dev/nvhost-ctrl-gpu")
+# A build step on the device, its output appended to the log ($1); the command is the remaining arguments.
+_LOGGED = 'log=$1; shift; printf "\\n$ %s\\n" "$*" >>"$log"; "$@" >>"$log" 2>&1'
+BUILD_TIMEOUT_S = 4 * 3600.0  # a CUDA build of llama-bench on a small Jetson takes most of an hour
+
+
+def device_cuda(conn: "Connection") -> tuple[Optional[str], str]:
+    """(nvcc's path or None for a CPU build, why), decided as `jbench setup` decides here: CUDA when the device
+    has nvcc (on PATH or in /usr/local/cuda/bin, where JetPack puts it) and an NVIDIA GPU."""
+    from jbench.device.ondevice import first_tool
+
+    nvcc = first_tool(conn, ["nvcc"], ("/usr/local/cuda/bin/nvcc",))
+    if nvcc is None:
+        return None, "CPU build (no nvcc on the device)"
+    if any(conn.exists(p) for p in _JETSON_GPU_NODES) or "GPU" in conn.run(["nvidia-smi", "-L"], timeout=30).stdout:
+        return nvcc, f"CUDA build ({nvcc} and an NVIDIA GPU on the device)"
+    return None, "CPU build (nvcc on the device but no NVIDIA GPU visible)"
+
+
+def _device_step(conn: "Connection", log_path: str, argv: list[str], short: str,
+                 timeout: float = BUILD_TIMEOUT_S) -> None:
+    """One build step on the device, logged there; BisectError with the log's tail when it fails."""
+    res = conn.run(["sh", "-c", _LOGGED, "sh", log_path, *argv], timeout=timeout)
+    if res.returncode != 0:
+        tail = conn.run(["tail", "-n", "25", log_path], timeout=30).stdout.rstrip()
+        raise BisectError(f"commit {short} does not build on device '{conn.name}': `{' '.join(argv[:3])} ...` "
+                          f"failed (exit {res.returncode}); full log on the device: {log_path}\n{tail}")
+
+
+def _send_file(conn: "Connection", local: Path, remote: str) -> None:
+    """Copy a file to the device over SFTP (on the SSH connection's own transport)."""
+    transport = getattr(conn, "transport", None)
+    if transport is None:
+        raise BisectError(f"device '{conn.name}' offers no file transfer: building commits there needs an SSH "
+                          "device")
+    import paramiko
+
+    sftp = paramiko.SFTPClient.from_transport(transport())
+    try:
+        sftp.put(str(local), remote)
+    finally:
+        sftp.close()
+
+
+def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
+                           jobs: Optional[int] = None) -> str:
+    """llama-bench of `commit` built ON the device: `git archive` here, sent over SFTP, configured with `jbench
+    setup`'s CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
+    <state_dir>/llama.cpp/bisect-<commit>-<cpu|cuda>-<machine>, reused when already there. The build log stays
+    there (build.log). Returns the bin directory on the device."""
+    from jbench.device.ondevice import first_tool
+    from jbench.models.provision import cmake_args
+
+    short = commit[:9]
+    cmake = first_tool(conn, ["cmake"])
+    for tool, found in (("cmake", cmake), ("c++", first_tool(conn, ["c++", "g++", "clang++"]))):
+        if found is None:
+            raise BisectError(f"{tool} not found on device '{conn.name}': install a C++ compiler and CMake there "
+                              "(Debian/Ubuntu: apt-get install build-essential cmake) to build commits on it")
+    nvcc, why = device_cuda(conn)
+    machine = conn.run(["uname", "-m"], timeout=30).stdout.strip() or "unknown"
+    state_dir = ((device.get("paths") or {}).get("state_dir") or "~/.cache/jbench").rstrip("/")
+    root = conn.expand_path(f"{state_dir}/llama.cpp/bisect-{short}-{'cuda' if nvcc else 'cpu'}-{machine}")
+    bin_dir, src, build, log_path = f"{root}/bin", f"{root}/src", f"{root}/build", f"{root}/build.log"
+    if conn.run(["test", "-x", f"{bin_dir}/llama-bench"], timeout=30).returncode == 0:
+        return bin_dir
+    conn.run(["rm", "-rf", root], timeout=600)
+    if not conn.run(["mkdir", "-p", src], timeout=30).ok:
+        raise BisectError(f"cannot create {src} on device '{conn.name}': check device.paths.state_dir")
+    with tempfile.TemporaryDirectory(prefix="jbench-bisect-") as tmp:
+        archive = Path(tmp) / "src.tar"
+        _git(repo, "archive", "--format=tar", "-o", str(archive), commit)
+        _send_file(conn, archive, f"{root}/src.tar")
+    _device_step(conn, log_path, ["tar", "-xf", f"{root}/src.tar", "-C", src], short, timeout=600)
+    conn.run(["rm", "-f", f"{root}/src.tar"], timeout=60)
+    if not jobs:
+        nproc = conn.run(["nproc"], timeout=30).stdout.strip()
+        jobs = int(nproc) if nproc.isdigit() else 2
+    args = cmake_args(short, nvcc is not None) + ([f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else [])
+    generator = ["-G", "Ninja"] if first_tool(conn, ["ninja"]) else []
+    say(f"building llama-bench of {short} on device '{conn.name}' with {jobs} jobs, {why} (log there: {log_path}); "
+        "this takes minutes")
+    _device_step(conn, log_path, [cmake, "-S", src, "-B", build, *generator, *args], short)
+    _device_step(conn, log_path, [cmake, "--build", build, "--config", "Release", "-j", str(jobs),
+                                  "--target", *BISECT_TARGETS], short)
+    _device_step(conn, log_path, ["mkdir", "-p", bin_dir], short, timeout=30)
+    for target in BISECT_TARGETS:
+        _device_step(conn, log_path, ["cp", f"{build}/bin/{target}", f"{bin_dir}/{target}"], short, timeout=60)
+    # The sources and objects go (a Jetson's disk is small); bin/ and build.log stay.
+    conn.run(["rm", "-rf", src, build], timeout=600)
+    return bin_dir
+
+
+def build_for_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
+                     jobs: Optional[int] = None) -> str:
+    """A commit's llama-bench where the bisection measures: built here for a local device, on the device for a
+    remote one."""
+    if conn.is_local:
+        return build_commit(repo, commit, say, jobs)
+    return build_commit_on_device(conn, device, repo, commit, say, jobs)
+
+
 def builds_from_repo(repo: str, good: str, bad: str, say: Say, jobs: Optional[int] = None) -> list[Build]:
     commits = commits_between(repo, good, bad)
-    return [Build(label=c[:9], commit=c[:9], make=lambda c=c: build_commit(repo, c, say, jobs)) for c in commits]
+    return [Build(label=c[:9], commit=c[:9],
+                  make=lambda conn, device, c=c: build_for_device(conn, device, repo, c, say, jobs))
+            for c in commits]
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,6 +414,11 @@ class Bisector:
         self.repetitions, self.max_repetitions = repetitions, max_repetitions
         self.trial = self._trial(self.builds[0].bin_dir or "")
         self._tracker_factory = tracker_factory
+        self.device: dict = self.trial.config["device"]
+        self.conn: Optional["Connection"] = None  # the device's connection while run() holds it
+        self.power_tags: dict[str, str] = {}
+        if self.device.get("kind", "local") == "local":
+            locate_dirs(self.builds)  # on this machine: bad --builds are found before anything else
 
     def _trial(self, bin_dir: str, repetitions: Optional[int] = None):
         from jbench.config import ConfigError
@@ -275,6 +432,8 @@ class Bisector:
         except ConfigError as exc:
             raise BisectError(str(exc)) from None
         if p.problems:
+            if len(p.trials) == 1 and p.trials[0].config["device"].get("kind", "local") == "local":
+                locate_dirs(self.builds)  # a wrong --builds directory is named first, as before the configuration
             raise BisectError("the configuration cannot run: " + "; ".join(p.problems))
         if len(p.trials) != 1:
             raise BisectError(f"the failing configuration must be one trial, the overrides give {len(p.trials)}: "
@@ -282,29 +441,94 @@ class Bisector:
         trial = p.trials[0]
         if trial.config["backend"]["name"] != "llamacpp":
             raise BisectError("bisect measures llama.cpp builds: use backend=llamacpp")
-        if trial.config["device"].get("kind", "local") != "local":
-            raise BisectError("bisect runs on this machine (the embedded default) for now: drop the device override")
+        if p.pool is not None:
+            raise BisectError("bisect measures on one device: name it with device=NAME, not a device class (@CLASS)")
         phase = METRICS[self.metric]
         n = trial.config["backend"]["n_gen" if phase == "decode" else "n_prompt"]
         if not n:
             raise BisectError(f"--metric {self.metric} needs backend.{'n_gen' if phase == 'decode' else 'n_prompt'} > 0")
         self.plan_tracking = p.tracking
+        self.plan = p
         return trial
 
     def measure(self, build: Build, repetitions: int) -> tuple[list[float], Any]:
         from jbench.backends.base import BackendError, backend_class
-        from jbench.device.connect import connect
+        from jbench.device.connection import DeviceError
 
-        trial = self._trial(build.resolve(), repetitions)
+        if self.conn is None:
+            raise BisectError("measuring needs the device: call run()")
+        trial = self._trial(build.resolve(self.conn, self.device), repetitions)
         backend = backend_class("llamacpp")(trial.config["backend"])
-        conn = connect(trial.config["device"])
         try:
-            result = backend.run(trial, conn, log)
-        except BackendError as exc:
+            result = backend.run(trial, self.conn, log)
+        except (BackendError, DeviceError) as exc:
             raise BisectError(f"build {build.label} could not be measured: {exc}") from None
-        finally:
-            conn.close()
         return result.phases[METRICS[self.metric]].samples_tps, result
+
+    # -- the device (the sweep's own handling: connection, remote model check, lease, power state) ---------------
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator["Connection"]:
+        """The device's connection, held for the whole bisection: --builds directories found there, the model file
+        checked there, its on-device lease taken (one controller at a time), and a requested power state applied
+        and verified; on the way out (also Ctrl-C, errors) the power state is restored, the lease released."""
+        from jbench.device.connection import DeviceError
+        from jbench.sweeps.sweep import PreflightError, Sweep
+
+        trial, name = self.trial, self.device["name"]
+        # A Sweep of the one trial does the device work exactly as `jbench run` does (no trial is run through it).
+        sweep = Sweep(self.plan, tracker_factory=self._tracker)
+        sweep._profiles[name] = trial.config.get("profile")
+        problems: list[str] = []
+        try:
+            if not sweep._open_device(self.device, problems.append):
+                raise BisectError("; ".join(problems))
+            conn = sweep.connections[name]
+            locate_dirs(self.builds, conn)
+            if (msg := sweep._remote_model_missing(trial)) is not None:
+                problems.append(msg)
+            strategy = sweep.strategies.get(name)
+            power = trial.config.get("power") or {}
+            if trial.wants_power_control:
+                if strategy is None:
+                    problems.append(f"the configuration sets power.* but device '{name}' has no Jetson profile "
+                                    "(set device.profile)")
+                else:
+                    if power.get("mode") is not None:
+                        strategy.mode_id(power["mode"])
+                    strategy.check_sudo()
+            if problems:
+                raise BisectError("\n".join(problems))
+            sweep._lease_devices([trial])
+            sweep._save_power_states([trial])
+            if trial.wants_power_control:
+                assert strategy is not None
+                strategy.log = log
+                changes = strategy.apply(power.get("mode"), power.get("jetson_clocks"),
+                                         allow_reboot=bool(power.get("allow_reboot")),
+                                         reboot_timeout_s=float(power.get("reboot_timeout_s") or 300),
+                                         fan=power.get("fan"))
+                snap = strategy.last
+                self.power_tags = {"power.mode_actual": str(snap.mode), "power.mode_id": str(snap.mode_id),
+                                   "power.jetson_clocks_actual": str(snap.clocks_locked),
+                                   "power.changes": "; ".join(changes) or "none"}
+                self.say(f"device '{name}' in power mode {snap.mode}, jetson_clocks {snap.locks.describe()}")
+            self.conn = conn
+            yield conn
+        except PreflightError as exc:  # the lease: another controller holds the device
+            raise BisectError(str(exc)) from None
+        except DeviceError as exc:
+            raise BisectError(str(exc)) from None
+        finally:
+            self.conn = None
+            sweep._restore_power_states()
+            for lease in sweep.leases.values():
+                try:
+                    lease.release()
+                except Exception as exc:  # a dead link: the lease goes stale and is taken over later
+                    log.warning("releasing the lease of %s failed: %s", lease.device["name"], exc)
+            for c in sweep.connections.values():
+                c.close()
 
     # -- recording (through jbench.tracking only) -----------------------------------------------
 
@@ -337,6 +561,11 @@ class Bisector:
     # -- the whole bisection ----------------------------------------------------------------------
 
     def run(self) -> BisectResult:
+        """The whole bisection on the device, recorded (see on_device for what is held meanwhile)."""
+        with self.on_device():
+            return self._run_recorded()
+
+    def _run_recorded(self) -> BisectResult:
         from jbench import __version__
 
         res = BisectResult(self.builds)
@@ -346,10 +575,12 @@ class Bisector:
         parent = tracker.start_run(
             exp_id, f"bisect {time.strftime('%Y-%m-%d %H:%M')}",
             params={"bisect.overrides": " ".join(self.overrides), "bisect.n_builds": n, "bisect.alpha": self.alpha,
-                    "bisect.metric": self.metric,
+                    "bisect.metric": self.metric, "device.name": self.device["name"],
                     "bisect.builds": " ".join(b.label for b in self.builds)[:6000]},
             tags={"jbench.kind": "bisect", "jbench.version": __version__, "jbench.status": "RUNNING",
-                  "jbench.config_hash": self.trial.config_hash})
+                  "jbench.config_hash": self.trial.config_hash, "device.kind": self.device.get("kind", "local"),
+                  **({"device.host": f"{self.device['host']}:{self.device.get('port') or 22}"}
+                     if self.device.get("host") else {}), **self.power_tags})
         res.parent_run_id = parent
         status = "FAILED"
         try:

@@ -63,9 +63,12 @@ def test_repetitions_follow_the_ends_difference_and_noise_within_bounds():
 def test_build_dirs_must_hold_llama_bench(tmp_path):
     (tmp_path / "a" / "bin").mkdir(parents=True)
     (tmp_path / "a" / "bin" / "llama-bench").write_text("")
+    (tmp_path / "a" / "bin" / "llama-bench").chmod(0o755)
     (tmp_path / "b").mkdir()
-    with pytest.raises(BisectError, match="no llama-bench in it"):
-        builds_from_dirs([str(tmp_path / "a"), str(tmp_path / "b")])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "llama-bench").write_text("")  # not executable
+    with pytest.raises(BisectError, match=f"--builds {tmp_path / 'b'}, {tmp_path / 'c'}: no executable llama-bench"):
+        builds_from_dirs([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")])
     with pytest.raises(BisectError, match="at least two"):
         builds_from_dirs([str(tmp_path / "a")])
     assert builds_from_dirs([str(tmp_path / "a"), str(tmp_path / "a" / "bin")])[0].bin_dir == \
@@ -174,7 +177,7 @@ def test_bad_input_is_one_message(tmp_path):
     res = runner.invoke(main, ["bisect", "--repo", str(tmp_path), "--good", "a"])
     assert res.exit_code == 2 and "--good REF and --bad REF" in res.output
     res = runner.invoke(main, ["bisect", "--builds", str(tmp_path), str(tmp_path / "x"), "model.quant=Q4_0"])
-    assert res.exit_code == 2 and "no llama-bench in it" in res.output
+    assert res.exit_code == 2 and "no executable llama-bench in it" in res.output
 
 
 @pytest.mark.e2e

@@ -16,8 +16,12 @@ HELP = """Find the first bad llama.cpp build for a failing configuration (OVERRI
 
 \b
 Builds: --builds DIR ... (oldest = known good first, newest = known bad last; each holds
-llama-bench), or --repo PATH --good REF --bad REF (a llama.cpp git checkout: the first-parent
-commits between are built here with `jbench setup`'s CMake configuration, cached per commit).
+llama-bench, a path on the device), or --repo PATH --good REF --bad REF (a llama.cpp git
+checkout on this machine: the first-parent commits between are built with `jbench setup`'s
+CMake configuration, cached per commit: here for the local device, on the device over SSH for
+a `device=NAME` SSH entry: git archive, SFTP, CMake there, CUDA when it has nvcc and a GPU).
+The device is handled as a sweep does: its lease is held for the whole bisection, and a
+power.mode / power.jetson_clocks of the configuration is applied, verified and restored.
 The ends are measured first; from their difference and noise follow the repetitions per build
 (bounded by --max-repetitions). Each midpoint is classified by the end its mean is closer to,
 confirmed by a Welch t-test against the other end. Every build measured is a child run of one
@@ -33,6 +37,8 @@ Exit codes:
 \b
 Example:
   jbench bisect --builds good/bin mid/bin bad/bin model.quant=Q4_0 backend.n_gen=32
+  jbench bisect --repo ~/src/llama.cpp --good b4000 --bad b4030 device=orin
+      model.quant=Q4_0 power.mode=MAXN_SUPER power.jetson_clocks=true
 """
 
 
@@ -40,7 +46,8 @@ Example:
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--builds", "build_dirs", multiple=True, help="Build directories, oldest (known good) first, newest (known bad) last: "
               "`--builds A B C` or `--builds A --builds B ...`.")
-@click.option("--repo", default=None, type=click.Path(file_okay=False), help="A llama.cpp git checkout.")
+@click.option("--repo", default=None, type=click.Path(file_okay=False),
+              help="A llama.cpp git checkout on this machine.")
 @click.option("--good", default=None, help="With --repo: the known good ref.")
 @click.option("--bad", default=None, help="With --repo: the known bad ref.")
 @click.option("--metric", type=click.Choice(["decode_tps", "prefill_tps"]), default="decode_tps", show_default=True)
@@ -50,13 +57,14 @@ Example:
               help="Repetitions of each end's first measurement.")
 @click.option("--max-repetitions", type=int, default=30, show_default=True,
               help="Upper bound of the repetitions per build that the ends' noise asks for.")
-@click.option("--jobs", type=int, default=None, help="With --repo: parallel build jobs (default: all cores).")
+@click.option("--jobs", type=int, default=None,
+              help="With --repo: parallel build jobs (default: all cores of the machine building).")
 @common_options
 @_config_dir_option
 def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Optional[str], good: Optional[str],
            bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
            jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
-    from jbench.bisect import BisectError, Bisector, builds_from_dirs, builds_from_repo
+    from jbench.bisect import BisectError, Bisector, builds_from_repo, dir_builds
     from jbench.cli.run import _sigterm_as_interrupt, _with_results_dir
     from jbench.config import ConfigError, check_overrides, user_config_dirs
 
@@ -76,7 +84,7 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
                 raise BisectError("--repo needs --good REF and --bad REF")
             builds = builds_from_repo(repo, good, bad, say, jobs)
         elif dirs:
-            builds = builds_from_dirs(dirs)
+            builds = dir_builds(dirs)  # looked into on the device (this machine, or over SSH)
         else:
             raise BisectError("give the builds: --builds GOOD_DIR ... BAD_DIR, or --repo PATH --good REF --bad REF")
         check_overrides(rest)
