@@ -304,6 +304,16 @@ def test_fingerprint_change_is_annotated_not_blamed_on_code():
     assert "fingerprint changed: jetson.jetpack 6.2 -> 6.1" in rep.to_markdown()
 
 
+def test_a_new_backend_build_alone_is_the_code_under_test():
+    # Only the build changed: the drop is judged (a nightly exists to catch it), with the build named as suspect.
+    df, samples = history(sweeps=5, last_factor=0.94, last_fingerprint={"backend.build_commit": "c0ffee1"}, seed=4)
+    rep = regress(df, samples, baseline="last")
+    assert rep.exit_code == 1
+    for r in rep.results:
+        assert r.status == "regression" and "backend.build_commit b4500a1 -> c0ffee1" in r.fingerprint_changes
+        assert "the build is the suspect" in r.note
+
+
 def test_insufficient_data_is_not_a_pass():
     # Two repetitions a sweep: fewer than 3 on the current side.
     df, samples = history(sweeps=4, reps=2, last_factor=0.5, seed=6)
