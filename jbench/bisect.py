@@ -5,8 +5,9 @@ The search (pure): the two ends are measured first; when their difference is not
 and noise s: its mean must land on its own side of the halfway line, |mean - end| < d / 2, with probability
 1 - alpha, so n >= (2 z s / d)^2 (z the normal quantile 1 - alpha / 2), bounded by --max-repetitions. A midpoint
 is classified by which end its mean is closer to, and the verdict stands only when a Welch t-test
-(1 - alpha) shows it differs from the other end; otherwise the step is "unclear" and the search stops with no
-verdict. Binary search then halves the range [last good, first bad] until they are neighbours.
+(1 - alpha) shows it differs from the other end and its mean is outside the middle third between the ends;
+otherwise the step is "unclear", the build is measured once more, and when it is still unclear the search stops
+with no verdict. Binary search then halves the range [last good, first bad] until they are neighbours.
 
 The measuring (impure): each build runs the failing configuration's llama-bench (the same backend `jbench run`
 uses) with `backend.binary_dir` pointing at it, through the device's connection; every build measured is a child
@@ -84,14 +85,19 @@ def repetitions_needed(good: Sequence[float], bad: Sequence[float], alpha: float
 
 def classify(mid: Sequence[float], good: Sequence[float], bad: Sequence[float], alpha: float) -> tuple[str, str]:
     """(good | bad | unclear, why): the end the midpoint's mean is closer to, confirmed by a Welch t-test
-    (1 - alpha) showing the midpoint differs from the other end."""
+    (1 - alpha) showing the midpoint differs from the other end. A mean in the middle third between the ends (a
+    speed neither end has: load while it ran, or a second change) is unclear too. The band is an effect size, not
+    a test against the closer end: on a quiet machine a build's run-to-run drift is significant yet immaterial."""
     m, g, b = statistics.fmean(mid), statistics.fmean(good), statistics.fmean(bad)
-    closer, other, other_samples = (GOOD, BAD, bad) if abs(m - g) <= abs(m - b) else (BAD, GOOD, good)
-    differs, ci = ends_differ(other_samples, mid, alpha)
+    closer, other = (GOOD, BAD) if abs(m - g) <= abs(m - b) else (BAD, GOOD)
+    differs, ci = ends_differ(bad if closer == GOOD else good, mid, alpha)
+    between = abs(m - (g if closer == GOOD else b)) > abs(g - b) / 3
     why = (f"mean {m:.4g} is closer to the {closer} end ({g if closer == GOOD else b:.4g}) than to the {other} "
            f"end ({b if closer == GOOD else g:.4g}); vs the {other} end: difference {ci.diff:+.4g}, "
            f"{100 * (1 - alpha):g} % Welch CI [{ci.low:.4g}, {ci.high:.4g}]")
-    return (closer if differs else UNCLEAR), why
+    if between:
+        why += "; but it lies in the middle third between the ends"
+    return (closer if differs and not between else UNCLEAR), why
 
 
 def midpoint(lo: int, hi: int) -> int:
@@ -473,19 +479,19 @@ class Bisector:
         checked there, its on-device lease taken (one controller at a time), and a requested power state applied
         and verified; on the way out (also Ctrl-C, errors) the power state is restored, the lease released."""
         from jbench.device.connection import DeviceError
+        from jbench.sweeps.stages import power_state_tags
         from jbench.sweeps.sweep import PreflightError, Sweep
 
         trial, name = self.trial, self.device["name"]
         # A Sweep of the one trial does the device work exactly as `jbench run` does (no trial is run through it).
         sweep = Sweep(self.plan, tracker_factory=self._tracker)
-        sweep._profiles[name] = trial.config.get("profile")
         problems: list[str] = []
         try:
-            if not sweep._open_device(self.device, problems.append):
+            if not sweep.open_device(self.device, problems.append, profile=trial.config.get("profile")):
                 raise BisectError("; ".join(problems))
             conn = sweep.connections[name]
             locate_dirs(self.builds, conn)
-            if (msg := sweep._remote_model_missing(trial)) is not None:
+            if (msg := sweep.remote_model_missing(trial)) is not None:
                 problems.append(msg)
             strategy = sweep.strategies.get(name)
             power = trial.config.get("power") or {}
@@ -499,8 +505,8 @@ class Bisector:
                     strategy.check_sudo()
             if problems:
                 raise BisectError("\n".join(problems))
-            sweep._lease_devices([trial])
-            sweep._save_power_states([trial])
+            sweep.lease_devices([trial])
+            sweep.save_power_states([trial])
             if trial.wants_power_control:
                 assert strategy is not None
                 strategy.log = log
@@ -509,9 +515,7 @@ class Bisector:
                                          reboot_timeout_s=float(power.get("reboot_timeout_s") or 300),
                                          fan=power.get("fan"))
                 snap = strategy.last
-                self.power_tags = {"power.mode_actual": str(snap.mode), "power.mode_id": str(snap.mode_id),
-                                   "power.jetson_clocks_actual": str(snap.clocks_locked),
-                                   "power.changes": "; ".join(changes) or "none"}
+                self.power_tags = power_state_tags(snap, changes)
                 self.say(f"device '{name}' in power mode {snap.mode}, jetson_clocks {snap.locks.describe()}")
             self.conn = conn
             yield conn
@@ -521,14 +525,7 @@ class Bisector:
             raise BisectError(str(exc)) from None
         finally:
             self.conn = None
-            sweep._restore_power_states()
-            for lease in sweep.leases.values():
-                try:
-                    lease.release()
-                except Exception as exc:  # a dead link: the lease goes stale and is taken over later
-                    log.warning("releasing the lease of %s failed: %s", lease.device["name"], exc)
-            for c in sweep.connections.values():
-                c.close()
+            sweep.release_devices()
 
     # -- recording (through jbench.tracking only) -----------------------------------------------
 
@@ -642,13 +639,17 @@ class Bisector:
 
         def verdict(index: int) -> str:
             b = self.builds[index]
-            self.say(f"step {len(res.steps)}: measuring build {index} ({b.label}), {reps} repetitions")
-            samples, r = self.measure(b, reps)
-            v, why = classify(samples, good, bad, self.alpha)
-            step = Step(len(res.steps), index, b, samples, v, why)
-            self._record(tracker, exp_id, parent, step, r)
-            res.steps.append(step)
-            self.say(f"  build {index}: {v}: {why}")
+            for attempt in (1, 2):  # an unclear build is measured once more: a burst of load passes
+                again = " again" if attempt > 1 else ""
+                self.say(f"step {len(res.steps)}: measuring build {index} ({b.label}){again}, {reps} repetitions")
+                samples, r = self.measure(b, reps)
+                v, why = classify(samples, good, bad, self.alpha)
+                step = Step(len(res.steps), index, b, samples, v, why)
+                self._record(tracker, exp_id, parent, step, r)
+                res.steps.append(step)
+                self.say(f"  build {index}: {v}: {why}")
+                if v != UNCLEAR:
+                    break
             return v
 
         first_bad, _ = search(n, verdict)

@@ -47,6 +47,12 @@ def test_classification_picks_the_closer_end_only_when_the_other_end_is_clearly_
     assert classify([80.0, 79, 81, 80.2, 79.8], good, bad, 0.01)[0] == BAD
     verdict, why = classify([60.0, 140, 90, 110, 100], good, bad, 0.01)  # too noisy to tell
     assert verdict == UNCLEAR and "Welch" in why
+    # Closer to the bad end, but clearly faster than it too: a speed in between is no verdict.
+    verdict, why = classify([88.0, 89, 87, 88.5, 87.5], good, bad, 0.01)
+    assert verdict == UNCLEAR and "middle third" in why
+    # A quiet machine: 1 % of drift from the good end is significant, but immaterial next to a 20 % step.
+    tight_good, tight_bad = [100.0, 100.1, 99.9, 100.05, 99.95], [80.0, 80.1, 79.9, 80.05, 79.95]
+    assert classify([99.0, 99.1, 98.9, 99.05, 98.95], tight_good, tight_bad, 0.01)[0] == GOOD
 
 
 def test_repetitions_follow_the_ends_difference_and_noise_within_bounds():
@@ -138,17 +144,21 @@ def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llam
     parent = [r for r in runs if r.data.tags.get("jbench.kind") == "bisect"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     assert parent[0].data.tags["bisect.first_bad_index"] == "2"
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id),
+    assert_fast_fast_slow_slow_steps(runs, parent[0], llama_build["build_commit"])
+
+
+def assert_fast_fast_slow_slow_steps(runs: list, parent, commit: str) -> list:
+    """The step runs of a bisection of [fast, fast, slow, slow]: the good end, the bad end, then the midpoints of
+    [0, 3]: 1 (good), 2 (bad); each the real build's commit and a measured decode, the slow end slower."""
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
                       key=lambda r: int(r.data.tags["bisect.step"]))
-    # good end, bad end, then the midpoints of [0, 3]: 1 (good), 2 (bad)
     assert [(r.data.tags["bisect.index"], r.data.tags["bisect.verdict"]) for r in children] == \
         [("0", "good"), ("3", "bad"), ("1", "good"), ("2", "bad")]
     for r in children:
-        assert r.data.tags["backend.build_commit"] == llama_build["build_commit"]
+        assert r.data.tags["backend.build_commit"] == commit
         assert r.data.metrics["decode_tps"] > 0
-    fast = children[0].data.metrics["decode_tps"]
-    slow = children[1].data.metrics["decode_tps"]
-    assert slow < fast
+    assert children[1].data.metrics["decode_tps"] < children[0].data.metrics["decode_tps"]
+    return children
 
 
 @pytest.mark.e2e
@@ -218,11 +228,15 @@ def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama
         [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
 
 
-def test_a_commit_is_built_with_the_setup_cmake_configuration_once_and_cached(tmp_path, monkeypatch):
-    """build_commit on a real (tiny) CMake project committed to git: `git archive` of the commit, `jbench setup`'s
-    CMake arguments, only the llama-bench target, into the cache; the second call reuses it."""
-    from jbench import bisect
+def commit_all(repo: Path, message: str) -> str:
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
 
+
+def tiny_cmake_project(tmp_path: Path) -> tuple[Path, str]:
+    """(a git repository of a tiny real CMake project, its one commit): a `llama-bench` target that prints the
+    LLAMA_BUILD_COMMIT it was configured with, and another target that must not be built."""
     repo = tmp_path / "proj"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "master")
@@ -234,9 +248,15 @@ def test_a_commit_is_built_with_the_setup_cmake_configuration_once_and_cached(tm
         "add_executable(other other.c)\n")
     (repo / "main.c").write_text('#include <stdio.h>\nint main(void) { puts(COMMIT); return 0; }\n')
     (repo / "other.c").write_text("#error a target bisect must not build\n")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
-    sha = _git(repo, "rev-parse", "HEAD")
+    return repo, commit_all(repo, "one")
+
+
+def test_a_commit_is_built_with_the_setup_cmake_configuration_once_and_cached(tmp_path, monkeypatch):
+    """build_commit on a real (tiny) CMake project committed to git: `git archive` of the commit, `jbench setup`'s
+    CMake arguments, only the llama-bench target, into the cache; the second call reuses it."""
+    from jbench import bisect
+
+    repo, sha = tiny_cmake_project(tmp_path)
     monkeypatch.setenv("JBENCH_CACHE_DIR", str(tmp_path / "cache"))
     said = []
     bin_dir = bisect.build_commit(str(repo), sha, said.append, jobs=1)

@@ -6,7 +6,6 @@ commit built ON the device (git archive -> SFTP -> CMake there) on a tiny real C
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,12 @@ import pytest
 from jbench.bisect import BisectError, build_commit_on_device
 from jbench.device.connect import connect
 from tests.conftest import jbench_cli
-from tests.test_bisect import CONFIG, _ladder, _runs
+from tests.test_bisect import CONFIG, _git, _ladder, _runs, assert_fast_fast_slow_slow_steps, tiny_cmake_project
+from tests.test_bisect import commit_all as _commit
 from tests.test_device_sweeps import JBENCH, _nothing_left, _popen, _stop
 from tests.test_ssh_devices import _wait_for, device_cfg, write_conf
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def _commit(repo: Path, message: str) -> str:
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD")
 
 
 @pytest.mark.ssh
@@ -54,14 +46,7 @@ def test_remote_bisect_finds_the_first_slow_build_under_a_restored_power_state(
     assert tags["device.host"] == f"{emu.host}:{emu.port}" and parent[0].data.params["device.name"] == "emu"
     # measured in the requested state, verified on the device
     assert tags["power.mode_actual"] == "MAXN_SUPER" and tags["power.jetson_clocks_actual"] == "True"
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id),
-                      key=lambda r: int(r.data.tags["bisect.step"]))
-    assert [(r.data.tags["bisect.index"], r.data.tags["bisect.verdict"]) for r in children] == \
-        [("0", "good"), ("3", "bad"), ("1", "good"), ("2", "bad")]
-    for r in children:
-        assert r.data.tags["backend.build_commit"] == llama_build["build_commit"]
-        assert r.data.metrics["decode_tps"] > 0
-    assert children[1].data.metrics["decode_tps"] < children[0].data.metrics["decode_tps"]
+    assert_fast_fast_slow_slow_steps(runs, parent[0], llama_build["build_commit"])
     # the power state was changed on the device, and is back to the original; the lease is gone
     changed = [c["argv"] for c in emu.command_log() if c["tool"] == "nvpmodel" and "-m" in c["argv"]]
     assert changed, "the bisection never set the power mode"
@@ -181,18 +166,7 @@ def test_a_commit_is_built_on_the_device_once_and_cached_there(orin_nano_super_r
     device, `jbench setup`'s CMake arguments, only the llama-bench target, into the device's per-commit cache; the
     second call reuses it; a commit that does not build names its log on the device and shows its tail."""
     emu = orin_nano_super_r39
-    repo = tmp_path / "proj"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "master")
-    (repo / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.14)\nproject(p C)\n"
-        "add_executable(llama-bench main.c)\n"
-        "target_compile_definitions(llama-bench PRIVATE COMMIT=\"${LLAMA_BUILD_COMMIT}\")\n"
-        "set_target_properties(llama-bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
-        "add_executable(other other.c)\n")
-    (repo / "main.c").write_text('#include <stdio.h>\nint main(void) { puts(COMMIT); return 0; }\n')
-    (repo / "other.c").write_text("#error a target bisect must not build\n")
-    sha = _commit(repo, "one")
+    repo, sha = tiny_cmake_project(tmp_path)
     (repo / "main.c").write_text("int main(void) { return undeclared_in_commit_two; }\n")
     broken = _commit(repo, "two")
     device = device_cfg(emu)

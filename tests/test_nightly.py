@@ -230,7 +230,8 @@ def test_an_unknown_class_or_bad_input_runs_nothing(two_units, tmp_path):
     for bad, says in ((["device=u1"], "give the class as the argument"),
                       (["backend.n_gn=3"], "Did you mean backend.n_gen"),
                       (["--baseline", "golden"], "--baseline 'golden'"),
-                      (["--junit", "/proc/nightly.xml"], "cannot write /proc/nightly.xml")):
+                      (["--junit", "/proc/nightly.xml"], "cannot write /proc/nightly.xml"),
+                      (["--confirm-pairs", "2"], "at least 3 are needed")):
         res = jbench_cli(["nightly", CLASS, "--config-dir", str(conf), *COMMON, *bad],
                          env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
         assert res.returncode == EXIT_BAD_INPUT and says in res.stderr, (bad, res.stdout + res.stderr)

@@ -9,7 +9,7 @@ is a Stage registered in the `jbench.analyses` entry-point group (jbench.registr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from jbench import registry
 from jbench.device.jetson import jetson_fingerprint
@@ -50,15 +50,20 @@ class PowerState(Stage):
                                  reboot_timeout_s=power.reboot_timeout_s, fan=power.fan)
         snap = strategy.last
         ctx.actual_mode = snap.mode
-        ctx.record.tags.update({"power.mode_actual": snap.mode, "power.mode_id": str(snap.mode_id),
-                                "power.jetson_clocks_actual": str(snap.clocks_locked),
-                                "power.changes": "; ".join(changes) or "none"})
-        # Every part of the lock as verified on the device (a half-locked device is visible, not hidden).
-        ctx.record.tags.update({f"power.lock.{k}": str(v) for k, v in snap.locks.parts().items() if v is not None})
+        ctx.record.tags.update(power_state_tags(snap, changes))
         if snap.fan_pwm is not None:
             ctx.record.tags["power.fan_pwm"] = str(snap.fan_pwm)
         if strategy.rebooted:
             ctx.record.tags["jetson.rebooted"] = "power mode change"
+
+
+def power_state_tags(snap: Any, changes: list[str]) -> dict[str, str]:
+    """The power state as read back after applying it (a PowerStrategy's `last` snapshot) and what changed."""
+    tags = {"power.mode_actual": str(snap.mode), "power.mode_id": str(snap.mode_id),
+            "power.jetson_clocks_actual": str(snap.clocks_locked), "power.changes": "; ".join(changes) or "none"}
+    # Every part of the lock as verified on the device (a half-locked device is visible, not hidden).
+    tags.update({f"power.lock.{k}": str(v) for k, v in snap.locks.parts().items() if v is not None})
+    return tags
 
 
 class DeviceState(Stage):

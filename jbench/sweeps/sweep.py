@@ -192,7 +192,7 @@ class Sweep:
     # -- the whole sweep -------------------------------------------------------------------------
 
     def run(self) -> SweepOutcome:
-        from jbench.tracking.common import resolve_uri, store_exists
+        from jbench.tracking.common import resolve_uri
 
         uri = resolve_uri(self.plan.tracking.get("uri"), self.plan.tracking["results_dir"])
         exp_name = self.plan.tracking.get("experiment_name") or self.plan.experiment
@@ -214,19 +214,23 @@ class Sweep:
                 for outcome in outcomes:
                     self.on_trial_end(outcome)
                 return SweepOutcome(self.record_id, exp_name, None, uri, outcomes, self.notes)
-            self._lease_devices(self._device_trials(todo))  # before anything changes: one controller per device
+            self.lease_devices(self._device_trials(todo))  # before anything changes: one controller per device
             tracker = self.tracker_factory()  # the store is created only once the devices are ready
-            self._save_power_states(self._device_trials(todo))
+            self.save_power_states(self._device_trials(todo))
             return self._run_trials(runnable, tracker, exp_name, done)
         finally:
-            self._restore_power_states()
-            for lease in self.leases.values():
-                try:
-                    lease.release()
-                except Exception as exc:  # a dead link: the lease goes stale and is taken over later
-                    log.warning("releasing the lease of %s failed: %s", lease.device["name"], exc)
-            for conn in self.connections.values():
-                conn.close()
+            self.release_devices()
+
+    def release_devices(self) -> None:
+        """Restore every saved power state, release the on-device leases, close the connections."""
+        self.restore_power_states()
+        for lease in self.leases.values():
+            try:
+                lease.release()
+            except Exception as exc:  # a dead link: the lease goes stale and is taken over later
+                log.warning("releasing the lease of %s failed: %s", lease.device["name"], exc)
+        for conn in self.connections.values():
+            conn.close()
 
     @staticmethod
     def _finished(uri: str, exp_name: str) -> dict[str, dict]:
@@ -356,7 +360,7 @@ class Sweep:
         for trial in trials:
             name = trial.config["device"]["name"]
             self._profiles.setdefault(name, trial.config.get("profile"))
-            if not self._open_device(trial.config["device"], problem):
+            if not self.open_device(trial.config["device"], problem):
                 continue
             key = (name, repr(sorted(trial.config["backend"].items())))
             if key not in checked:
@@ -377,7 +381,7 @@ class Sweep:
                     problem(f"device '{name}' differs from the other units of {self.pool.name if self.pool else name}: "
                             f"backend build {ident.build} / model file {ident.model_digest} against {seen.build} / "
                             f"{seen.model_digest}. Make the units the same, or pin one with device=NAME")
-                if (msg := self._remote_model_missing(trial)) is not None:
+                if (msg := self.remote_model_missing(trial)) is not None:
                     problem(msg)
             if trial.wants_power_control:
                 strategy = self.strategies.get(name)
@@ -416,7 +420,7 @@ class Sweep:
         config = self._planned.get(trial.index, trial.config)  # a pool trial: the class, not the unit
         return TrialIdentity(trial_identity(config, build=build, model_digest=digest), build, digest)
 
-    def _remote_model_missing(self, trial: Trial) -> Optional[str]:
+    def remote_model_missing(self, trial: Trial) -> Optional[str]:
         """A model file missing on a remote device, found before anything runs (a local one: at planning)."""
         conn = self.connections[trial.config["device"]["name"]]
         if conn.is_local or not self.backend(trial).reads_model_file(trial):
@@ -432,8 +436,12 @@ class Sweep:
             return None
         return f"model file {path} not found on device '{conn.name}': copy it there or fix model.files / model.path_template"
 
-    def _open_device(self, device: dict, problem: Callable[[str], None]) -> bool:
+    def open_device(self, device: dict, problem: Callable[[str], None], profile: Optional[dict] = None) -> bool:
+        """Connect, fingerprint and (for a Jetson profile) make the power strategy; problems go to `problem`.
+        `profile`: the trial's profile section when the caller has no preflight (jbench bisect)."""
         name = device["name"]
+        if profile is not None:
+            self._profiles.setdefault(name, profile)
         if name in self.connections:
             return True
         try:
@@ -461,7 +469,7 @@ class Sweep:
             return False
         return True
 
-    def _lease_devices(self, trials: list[Trial]) -> None:
+    def lease_devices(self, trials: list[Trial]) -> None:
         """Hold every device of the sweep (an on-device lease with a heartbeat) or stop before touching any."""
         devices = {t.config["device"]["name"]: t.config["device"] for t in reversed(trials)}
 
@@ -509,7 +517,7 @@ class Sweep:
         return any(bool(t.config["power"].get("allow_reboot")) for t in self.plan.trials
                    if t.config["device"]["name"] in names and t.config.get("power"))
 
-    def _save_power_states(self, trials: list[Trial]) -> None:
+    def save_power_states(self, trials: list[Trial]) -> None:
         # A controller that died earlier may have left a device in a changed state: put it back first
         # (we hold the device's lease, so its owner is gone). What cannot be restored stays the original.
         _on_each(lambda name: self.strategies[name].recover_leftover(allow_reboot=self._reboot_consent(name)),
@@ -523,7 +531,7 @@ class Sweep:
 
         _on_each(save, names)
 
-    def _restore_power_states(self) -> None:
+    def restore_power_states(self) -> None:
         for strategy in self._saved:
             try:
                 strategy.log = log
@@ -535,7 +543,7 @@ class Sweep:
         self._saved.clear()
 
     def _run_trials(self, trials: list[Trial], tracker: Any, exp_name: str, done: dict[str, dict]) -> SweepOutcome:
-        plan, sweep = self.plan, self.plan.sweep
+        plan = self.plan
         exp_id = tracker.experiment_id(exp_name)
         experiment = (trials[0].config.get("experiment") or {}) if trials else {}
         tracker.describe_experiment(exp_id, str(experiment.get("description") or ""))
