@@ -4,7 +4,8 @@
    `jbench sweep +experiment=quant_ladder sweep.rerun=true` run N times into one results dir):
      night CV   = sample std / mean of the configuration's nightly means (what the history detector sees),
      within CV  = mean of the runs' per-repetition CV (`<phase>_tps_cv`: what the two-sweep test sees),
-   for decode_tps, prefill_tps and decode_tokens_per_joule where the store has it.
+   for decode_tps, prefill_tps and decode_tokens_per_joule where the store has it (tokens/J: one energy window
+   per run, so no within-run CV and `reps` 1; nights whose runs withheld it are counted in `nights_withheld`).
 2. Simulation (`tune`: the detector's settings on a grid; `table`: the default settings at measured and grid CVs): a configuration's nightly history of `--nights` nights; each night
    level_k = 1 x (1 + step_k) x (1 + e_k), e_k ~ N(0, night_extra), and `--reps` repetitions
    level_k x (1 + N(0, within CV)); night_extra is set so that the nightly mean's CV equals the measured night CV
@@ -57,13 +58,16 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 # 1. Noise measured in a real store
 
 
-def measure(store: str, experiment: str) -> dict:
+def measure(store: str, experiment: str, *, source: str | None = None, others: bool = True) -> dict:
+    """source: what the noise was measured on, shown beside each configuration in the table (e.g. "H100 CUDA")."""
     from jbench.tracking.reader import runs_frame
 
     df = runs_frame(f"sqlite:///{Path(store).resolve()}/mlflow.db", [experiment])
     df = df[df["status"] == "FINISHED"]
     out = {"store": str(store), "experiment": experiment, "sweeps": int(df["tags.jbench.sweep_id"].nunique()),
-           "configurations": {}}
+           "configurations": {}, "too_few_nights": []}
+    if source:
+        out["source"] = source
     for h, g in df.groupby("tags.jbench.config_hash"):
         label = str(g["tags.jbench.trial_label"].iloc[-1]) if "tags.jbench.trial_label" in g else str(h)
         entry = {"config_hash": h, "nights": int(g["tags.jbench.sweep_id"].nunique())}
@@ -79,12 +83,22 @@ def measure(store: str, experiment: str) -> dict:
                  "mean": float(nightly.mean())}
             if within and f"metrics.{within}" in g:
                 e["within_cv"] = float(g[f"metrics.{within}"].mean())
-            reps = g.get(f"metrics.{metric.split('_')[0]}_repetitions")
-            if reps is not None and reps.notna().any():
-                e["reps"] = int(reps.dropna().iloc[0])
+            if metric == "decode_tokens_per_joule":
+                # One energy window (the energy pass) per run: one tokens/J value a night, no repetitions, so the
+                # two-sweep test has no samples to test it with. Runs whose energy pass ran at another speed than
+                # the speed pass publish NaN (energy.speed_tolerance): those nights are counted, not filled in.
+                e["reps"] = 1
+                e["nights_withheld"] = int(g.groupby("tags.jbench.sweep_id")[col].apply(lambda v: v.isna().all()).sum())
+            else:
+                reps = g.get(f"metrics.{metric.split('_')[0]}_repetitions")
+                if reps is not None and reps.notna().any():
+                    e["reps"] = int(reps.dropna().iloc[0])
             entry[metric] = e
-        out["configurations"][label] = entry
-    out["other_sources"] = other_sources()
+        if len(entry) > 2:
+            out["configurations"][label] = entry
+        else:  # a configuration of one or two sweeps (e.g. a first, larger night) has no night-to-night CV
+            out["too_few_nights"].append({"label": label, "nights": entry["nights"]})
+    out["other_sources"] = other_sources() if others else {}
     return out
 
 
@@ -228,6 +242,9 @@ def main() -> None:
     m.add_argument("--store", required=True)
     m.add_argument("--experiment", default="quant_ladder")
     m.add_argument("--out", default=str(OUT / "noise.json"))
+    m.add_argument("--source", help="what the noise was measured on, shown in the table (e.g. 'H100 CUDA')")
+    m.add_argument("--no-other-sources", action="store_true",
+                   help="leave out the run-to-run CVs of other benches (other_sources)")
     rd = sub.add_parser("render", help="the markdown table of docs/PERFORMANCE.md from table JSON files")
     rd.add_argument("files", nargs="+")
     sp = sub.add_parser("speed", help="history() over a synthetic run table of 96 configurations x 104 nights")
@@ -245,7 +262,7 @@ def main() -> None:
         s.add_argument("--out", default=str(OUT / f"{name}.json"))
     a = ap.parse_args()
     if a.cmd == "measure":
-        res = measure(a.store, a.experiment)
+        res = measure(a.store, a.experiment, source=a.source, others=not a.no_other_sources)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps(res, indent=2))
@@ -276,25 +293,30 @@ def main() -> None:
                   f"FA {_pct(fa['history'])}  2 % step {_pct(det['history'])}", flush=True)
     else:
         noise = json.loads(Path(a.noise).read_text()) if Path(a.noise).exists() else {"configurations": {}}
-        levels = []  # (source, metric, night cv, within cv)
+        levels = []  # (source, metric, night cv, within cv, repetitions a night)
+        where = noise.get("source", "measured")
         for label, e in noise["configurations"].items():
             for metric in ("decode_tps", "decode_tokens_per_joule"):
                 if metric in e:
-                    levels.append((f"{label} (measured)", metric, e[metric]["night_cv"],
-                                   e[metric].get("within_cv", e[metric]["night_cv"])))
+                    # tokens/J: one value a night (reps 1 in the noise file): the nightly value is that value,
+                    # and the two-sweep test sees 1 vs 1 samples (insufficient data, as `jbench regress` answers).
+                    reps = e[metric]["reps"] if metric == "decode_tokens_per_joule" else a.reps
+                    levels.append((f"{label} ({where})", metric, e[metric]["night_cv"],
+                                   e[metric].get("within_cv", e[metric]["night_cv"]), reps))
         for source, e in noise.get("other_sources", {}).items():
             if e["metric"] == "decode_tps":
-                levels.append((f"{source} (runs minutes apart)", "decode_tps", e["cv"], e["cv"]))
+                levels.append((f"{source} (runs minutes apart)", "decode_tps", e["cv"], e["cv"], a.reps))
         for cv in a.night_cv or []:
-            levels.append(("CV grid", "any", cv, a.within_cv if a.within_cv is not None else cv))
-        for source, metric, cv, within in levels:
+            levels.append(("CV grid", "any", cv, a.within_cv if a.within_cv is not None else cv, a.reps))
+        for source, metric, cv, within, reps in levels:
             steps = {"decode_tps": (-0.02, -0.05), "decode_tokens_per_joule": (-0.03,), "any": (-0.02, -0.03, -0.05)}
-            cell = {"source": source, "metric": metric, "night_cv": cv, "within_cv": within,
+            cell_common = {**common, "reps": reps}
+            cell = {"source": source, "metric": metric, "night_cv": cv, "within_cv": within, "reps": reps,
                     "false_alarms": run_cell(DEFAULT_SETTINGS, night_cv=cv, within_cv=within, step=0.0,
-                                             seed=a.seed, **common)}
+                                             seed=a.seed, **cell_common)}
             for st in steps[metric]:
                 cell[f"detect_{abs(st) * 100:g}pct"] = run_cell(DEFAULT_SETTINGS, night_cv=cv, within_cv=within,
-                                                                step=st, seed=a.seed + 1, **common)
+                                                                step=st, seed=a.seed + 1, **cell_common)
             results["cells"].append(cell)
             print(f"{source} {metric} night CV {cv * 100:.2f} % within {within * 100:.2f} %: "
                   + "; ".join(f"{k}: history {_pct(v['history'])} pairwise {_pct(v['pairwise'])}"
