@@ -80,8 +80,9 @@ def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, 
     pool = nightly.pool
     if pool is not None:
         if pool.coordinator:
-            selector = {**pool.selector, "name": target.place} if target.place else dict(pool.selector)
-            pool = dataclasses.replace(pool, selector=selector, count=1)
+            if not target.place:  # any other place of the class would be another unit
+                raise LookupError(f"the runs of unit {target.unit} do not record its farm place (tag farm.place)")
+            pool = dataclasses.replace(pool, selector={**pool.selector, "name": target.place}, count=1)
         else:
             members = [m for m in pool.members if m.get("name") == target.unit]
             if not members:

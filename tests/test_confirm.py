@@ -115,6 +115,33 @@ def test_an_environment_change_is_no_alarm_to_confirm():
     assert targets(report, df) == ([], [])
 
 
+def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
+    from jbench.analysis.confirm import BuildRef, Target
+    from jbench.confirm import BUILD_KEY, confirmation_plan
+    from jbench.sweeps.plan import Plan, Pool
+    from jbench.trial import Trial
+
+    config = {"device": {"name": "@orin"}, "backend": {"name": "llamacpp", "repetitions": 5}, "model": {}}
+    trials = [Trial(index=i + 1, config=config, choices={}, point={"model.quant": "Q4_0"}, config_hash="h1", round=r,
+                    rounds=2) for i, r in enumerate((1, 2))]
+    farm = Pool("orin", coordinator="127.0.0.1:20408", selector={"class": "orin"}, count=None)
+    nightly = Plan(trials=trials, tracking={"experiment_name": "nightly"}, sweep={"rounds": 2}, rounds=2, pool=farm)
+    target = Target("u2", "h1", "Q4_0", [], BuildRef("/b/a", "aaa", "s1"), BuildRef("/b/b", "bbb", "s2"), "place-u2")
+    p = confirmation_plan(nightly, target, ConfirmSettings(pairs=3), "nightly-confirm")
+    assert [(t.round, t.point[BUILD_KEY], t.config["backend"]["binary_dir"]) for t in p.trials] == \
+        [(r, w, d) for r in (1, 2, 3) for w, d in (("previous", "/b/a"), ("new", "/b/b"))]
+    # The nightly split 5 repetitions over 2 rounds: each confirmation trial measures all of them.
+    assert {t.config["backend"]["repetitions"] for t in p.trials} == {10} and {t.config_hash for t in p.trials} == {"h1"}
+    assert p.pool.selector == {"class": "orin", "name": "place-u2"} and p.pool.count == 1
+    assert p.tracking["experiment_name"] == "nightly-confirm" and p.sweep["rerun"] is True
+    with pytest.raises(LookupError, match="farm place"):  # never another unit of the class
+        confirmation_plan(nightly, Target("u2", "h1", "Q4_0", [], target.previous, target.new, None),
+                          ConfirmSettings(), "x")
+    entries = Pool("orin", members=[{"name": "u1"}, {"name": "u2"}])
+    p = confirmation_plan(Plan(trials=trials, tracking={}, pool=entries), target, ConfirmSettings(), "x")
+    assert p.pool.members == [{"name": "u2"}]
+
+
 # --- `jbench nightly` confirming on real llama.cpp runs -------------------------------------------------------
 
 CLASS = "cpu_host"
