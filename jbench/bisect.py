@@ -286,27 +286,13 @@ def _device_step(conn: "Connection", log_path: str, argv: list[str], short: str,
                           f"failed (exit {res.returncode}); full log on the device: {log_path}\n{tail}")
 
 
-def _send_file(conn: "Connection", local: Path, remote: str) -> None:
-    """Copy a file to the device over SFTP (on the SSH connection's own transport)."""
-    transport = getattr(conn, "transport", None)
-    if transport is None:
-        raise BisectError(f"device '{conn.name}' offers no file transfer: building commits there needs an SSH "
-                          "device")
-    import paramiko
-
-    sftp = paramiko.SFTPClient.from_transport(transport())
-    try:
-        sftp.put(str(local), remote)
-    finally:
-        sftp.close()
-
-
 def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
                            jobs: Optional[int] = None) -> str:
     """llama-bench of `commit` built ON the device: `git archive` here, sent over SFTP, configured with `jbench
     setup`'s CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
     <state_dir>/llama.cpp/bisect-<commit>-<cpu|cuda>-<machine>, reused when already there. The build log stays
     there (build.log). Returns the bin directory on the device."""
+    from jbench.device.connection import DeviceError
     from jbench.device.ondevice import first_tool
     from jbench.models.provision import cmake_args
 
@@ -329,7 +315,10 @@ def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: 
     with tempfile.TemporaryDirectory(prefix="jbench-bisect-") as tmp:
         archive = Path(tmp) / "src.tar"
         _git(repo, "archive", "--format=tar", "-o", str(archive), commit)
-        _send_file(conn, archive, f"{root}/src.tar")
+        try:
+            conn.put_file(str(archive), f"{root}/src.tar")
+        except DeviceError as exc:
+            raise BisectError(str(exc)) from None
     _device_step(conn, log_path, ["tar", "-xf", f"{root}/src.tar", "-C", src], short, timeout=600)
     conn.run(["rm", "-f", f"{root}/src.tar"], timeout=60)
     if not jobs:

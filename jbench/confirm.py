@@ -1,12 +1,13 @@
 """Confirming a nightly alarm by measuring again: the previous good build and the new build, interleaved.
 
-After `jbench nightly` finds regressions over the history, each alarmed unit x configuration is measured again
-before the alarm is reported (on by default; `--no-confirm` turns it off). The builds come from the runs
-(jbench.analysis.confirm.targets): A, the build of the night before the change, and B, the newest night's. They
-run as one small sweep on that unit alone, leased again (farm place or device entry), in the configuration's own
-power state (applied, verified and restored by the sweep as in any sweep), in the order A B A B ... (`pairs`
-rounds). Each trial is a full measurement of the configuration (its repetitions); the pairs go to the paired test
-(jbench.analysis.confirm.paired_change), whose verdict sets `SeriesResult.confirmed` for each alarmed metric.
+After `jbench nightly` finds regressions (over the history, or with the two-sweep gate while a configuration has
+too few nights for it), each alarmed unit x configuration is measured again before the alarm is reported (on by
+default; `--no-confirm` turns it off). The builds come from the runs (jbench.analysis.confirm.targets): A, the
+build of the night before the change, and B, the newest night's. They run as one small sweep on that unit alone,
+leased again (farm place or device entry), in the configuration's own power state (applied, verified and restored
+by the sweep as in any sweep), in the order A B A B ... (`pairs` rounds). Each trial is a full measurement of the
+configuration (its repetitions); the pairs go to the paired test (jbench.analysis.confirm.paired_change), whose
+verdicts are written back into the report (`settle`).
 
 The runs are recorded in the experiment `<nightly experiment>-confirm` (never in the nightly's own: they would be
 nights of its history), as a sweep whose parent run carries the verdicts (tags confirm.*). Anything that keeps the
@@ -24,8 +25,10 @@ from typing import Any, Callable, Optional
 
 import pandas as pd
 
-from jbench.analysis.confirm import ConfirmSettings, PairedChange, Skipped, Target, paired_change, targets
-from jbench.analysis.history import METRICS, HistoryReport
+from jbench.analysis.confirm import (ConfirmSettings, PairedChange, Skipped, Target, direction, paired_change, settle,
+                                     targets)
+from jbench.analysis.history import HistoryReport
+from jbench.analysis.regress import RegressReport
 from jbench.results import Status
 from jbench.sweeps.plan import Plan
 from jbench.trial import Trial
@@ -115,12 +118,12 @@ def _status(changes: list[PairedChange]) -> str:
     return "confirmed" if all(confirmed) else "not confirmed" if not any(confirmed) else "mixed"
 
 
-def confirm(report: HistoryReport, runs: pd.DataFrame, nightly: Plan, *, experiment: str,
+def confirm(report: HistoryReport | RegressReport, runs: pd.DataFrame, nightly: Plan, *, experiment: str,
             tracker_factory: Callable[[], Any], settings: ConfirmSettings = ConfirmSettings(),
             say: Callable[[str], None] = lambda m: None, on_trial_start: Callable[[Any], None] = lambda t: None,
             on_trial_end: Callable[[Any], None] = lambda o: None) -> list[Confirmation]:
-    """Measure every alarm of `report` again (module doc) and set each alarmed series' `confirmed`. Returns one
-    Confirmation per unit x configuration. KeyboardInterrupt propagates (the sweep restored the unit)."""
+    """Measure every alarm of `report` again (module doc) and settle its verdicts. Returns one Confirmation per
+    unit x configuration. KeyboardInterrupt propagates (the sweep restored the unit)."""
     from jbench.farm.coordinator import CoordinatorError
     from jbench.farm.places import FarmError
     from jbench.sweeps.sweep import PreflightError, Sweep
@@ -145,14 +148,11 @@ def confirm(report: HistoryReport, runs: pd.DataFrame, nightly: Plan, *, experim
             out.append(_not_run(target, f"the farm gave the unit back for no confirmation: {exc}"))
             continue
         changes = []
-        for r in target.alarms:
-            a, b = _pairs(swept.outcomes, r.series.metric)
-            change = paired_change(a, b, METRICS.get(r.series.metric, 1), metric=r.series.metric,
-                                   alpha=settings.alpha, min_effect=settings.min_effect)
-            changes.append(change)
-            if change.n_pairs >= 3:
-                r.confirmed = change.confirmed
-            r.confirmation = change.describe()
+        for metric in target.metrics:
+            a, b = _pairs(swept.outcomes, metric)
+            changes.append(paired_change(a, b, direction(metric), metric=metric, alpha=settings.alpha,
+                                         min_effect=settings.min_effect))
+        settle(target.alarm, changes)
         failed = [o for o in swept.outcomes if o.status != Status.FINISHED]
         c = Confirmation(target.unit, target.config_hash, target.label, target.metrics, _status(changes),
                          target=target, changes=changes, sweep_id=swept.sweep_id, parent_run_id=swept.parent_run_id)
@@ -168,10 +168,10 @@ def confirm(report: HistoryReport, runs: pd.DataFrame, nightly: Plan, *, experim
 
 def _not_run(what: Target | Skipped, reason: Optional[str] = None) -> Confirmation:
     reason = reason or getattr(what, "reason", "")
-    for r in what.alarms:
-        r.confirmation = f"not confirmed either way: {reason}"
-    return Confirmation(what.unit, what.config_hash, what.label, [r.series.metric for r in what.alarms], "not run",
-                        reason, target=what if isinstance(what, Target) else None)
+    alarm = what.alarm
+    settle(alarm, [], not_run=reason)
+    return Confirmation(alarm.unit, alarm.config_hash, alarm.label, list(alarm.metrics), "not run", reason,
+                        target=what if isinstance(what, Target) else None)
 
 
 def _tag(tracker_factory: Callable[[], Any], c: Confirmation, settings: ConfirmSettings) -> None:

@@ -6,7 +6,7 @@ of one class differ); the sweep leases the class (farm places or device entries)
 returns, raises, or is interrupted, so the devices are free before regress and report run. Then regress this
 sweep per unit (`device.unit`) and configuration -- over the history (change points, jbench.analysis.history) once
 a configuration has enough nights, else against the previous night (jbench.analysis.regress); `mode`/`baseline`
-choose -- confirm each regression found over the history by measuring the previous and the new build again,
+choose -- confirm each regression found by measuring the previous and the new build again,
 interleaved on that unit (jbench.confirm; on unless `confirm=False`: an alarm that is not confirmed is cleared), write
 the HTML report (the sweep's, and the history's series plot), the markdown and the JUnit XML, and
 tag the sweep's parent run with the verdict.
@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from jbench.analysis.confirm import ConfirmSettings
 from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, HistoryReport, history, max_nights
-from jbench.analysis.regress import (EXIT_NO_VERDICT, EXIT_REGRESSION, REGRESSION, NoData, RegressError,
+from jbench.analysis.regress import (EXIT_NO_VERDICT, EXIT_REGRESSION, NoData, RegressError,
                                      RegressReport, regress)
 from jbench.results import Status
 from jbench.sweeps.plan import Plan
@@ -88,7 +88,7 @@ class NightlyResult:
     def regressed_units(self) -> list[str]:
         if isinstance(self.regress, HistoryReport):
             return self.regress.regressed_units
-        return sorted({r.device for r in (self.regress.results if self.regress else []) if r.status == REGRESSION})
+        return sorted({r.device for r in (self.regress.results if self.regress else []) if r.counts_as_regression})
 
 
 def _check_output(path: Optional[str | Path], *, directory: bool, option: str) -> None:
@@ -229,7 +229,7 @@ class Nightly:
         else:
             report, result.no_verdict_reason, df, history_runs = self._regress(t, swept.experiment, swept.sweep_id)
             result.mode = "history" if isinstance(report, HistoryReport) else "pairwise"
-            if isinstance(report, HistoryReport) and report.alarms() and self.confirm:
+            if report is not None and report.alarms() and self.confirm:
                 result.confirmations = self._confirm(report, history_runs, swept.experiment, tracker, say,
                                                      on_trial_start, on_trial_end)
             if df is not None:
@@ -272,13 +272,13 @@ class Nightly:
         except (RegressError, HistoryError) as exc:  # e.g. a baseline tag that matches none of this sweep's
             return None, str(exc), mine if len(mine) else None, df
 
-    def _confirm(self, report: HistoryReport, runs: Any, experiment: str, tracker: Callable[[], Any],
+    def _confirm(self, report: HistoryReport | RegressReport, runs: Any, experiment: str, tracker: Callable[[], Any],
                  say: Callable[[str], None], on_trial_start: Callable[[Any], None],
                  on_trial_end: Callable[[Any], None]) -> list:
         """Each alarm measured again (jbench.confirm); a confirmation that breaks leaves its alarm standing."""
         from jbench.confirm import confirm
 
-        say(f"{len(report.alarms())} regression(s) over the history: confirming them on their units")
+        say(f"{len(report.alarms())} regression(s): confirming them on their units")
         try:
             return confirm(report, runs, self.plan, experiment=experiment, tracker_factory=tracker,
                            settings=self.confirm_settings, say=say, on_trial_start=on_trial_start,

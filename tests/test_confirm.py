@@ -107,6 +107,30 @@ def test_no_target_when_the_build_did_not_change_or_was_replaced_in_place():
     assert "backend.binary_dir" in skip.reason
 
 
+def test_two_sweep_alarms_are_confirmed_per_configuration():
+    """The two-sweep gate (a configuration's first nights): its regression is confirmed when any alarmed rate is,
+    and one that is not confirmed leaves the exit code and the JUnit failures."""
+    from jbench.analysis.confirm import alarms, settle
+    from jbench.analysis.regress import regress
+
+    df = _runs(["/b/old"] * 3 + ["/b/new"], ["aaa"] * 3 + ["bbb"], [60.0, 60.2, 59.9, 30.0])
+    reps = {r: [v * f for f in (0.99, 1.0, 1.01, 1.005, 0.995, 0.998)]
+            for r, v in zip(df["run_id"], df["metrics.decode_tps"])}
+    report = regress(df, {"decode_tps_rep": reps}, baseline="last", metrics=("decode_tps",))
+    assert report.exit_code == 1
+    [alarm] = alarms(report)
+    assert (alarm.unit, alarm.before_sweep, alarm.newest_sweep, alarm.metrics) == ("u1", "s02", "s03", ["decode_tps"])
+    [target], _ = targets(report, df)
+    assert (target.previous.binary_dir, target.new.binary_dir) == ("/b/old", "/b/new")
+    a = [60.0, 60.5, 59.5, 60.2]
+    settle(alarm, [paired_change(a, [x * 1.001 for x in a], +1, metric="decode_tps")])
+    [r] = report.results
+    assert r.confirmed is False and report.exit_code == 0 and "not confirmed" in r.message
+    assert ET.fromstring(report.to_junit_xml()).get("failures") == "0"
+    settle(alarm, [paired_change(a, [x * 0.5 for x in a], +1, metric="decode_tps")])
+    assert r.confirmed is True and report.exit_code == 1
+
+
 def test_an_environment_change_is_no_alarm_to_confirm():
     df = _runs(["/b/old"] * 8 + ["/b/new"] * 2, ["aaa"] * 8 + ["bbb"] * 2, _drop(),
                jetpack=["6.2"] * 8 + ["6.1"] * 2)
@@ -116,7 +140,7 @@ def test_an_environment_change_is_no_alarm_to_confirm():
 
 
 def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
-    from jbench.analysis.confirm import BuildRef, Target
+    from jbench.analysis.confirm import Alarm, BuildRef, Target
     from jbench.confirm import BUILD_KEY, confirmation_plan
     from jbench.sweeps.plan import Plan, Pool
     from jbench.trial import Trial
@@ -126,7 +150,8 @@ def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
                     rounds=2) for i, r in enumerate((1, 2))]
     farm = Pool("orin", coordinator="127.0.0.1:20408", selector={"class": "orin"}, count=None)
     nightly = Plan(trials=trials, tracking={"experiment_name": "nightly"}, sweep={"rounds": 2}, rounds=2, pool=farm)
-    target = Target("u2", "h1", "Q4_0", [], BuildRef("/b/a", "aaa", "s1"), BuildRef("/b/b", "bbb", "s2"), "place-u2")
+    alarm = Alarm("u2", "h1", "Q4_0", ["decode_tps"], "s1", "s2")
+    target = Target(alarm, BuildRef("/b/a", "aaa", "s1"), BuildRef("/b/b", "bbb", "s2"), "place-u2")
     p = confirmation_plan(nightly, target, ConfirmSettings(pairs=3), "nightly-confirm")
     assert [(t.round, t.point[BUILD_KEY], t.config["backend"]["binary_dir"]) for t in p.trials] == \
         [(r, w, d) for r in (1, 2, 3) for w, d in (("previous", "/b/a"), ("new", "/b/b"))]
@@ -135,7 +160,7 @@ def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
     assert p.pool.selector == {"class": "orin", "name": "place-u2"} and p.pool.count == 1
     assert p.tracking["experiment_name"] == "nightly-confirm" and p.sweep["rerun"] is True
     with pytest.raises(LookupError, match="farm place"):  # never another unit of the class
-        confirmation_plan(nightly, Target("u2", "h1", "Q4_0", [], target.previous, target.new, None),
+        confirmation_plan(nightly, Target(alarm, target.previous, target.new, None),
                           ConfirmSettings(), "x")
     entries = Pool("orin", members=[{"name": "u1"}, {"name": "u2"}])
     p = confirmation_plan(Plan(trials=trials, tracking={}, pool=entries), target, ConfirmSettings(), "x")

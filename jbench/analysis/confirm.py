@@ -4,7 +4,12 @@ A regression found over the nightly history (jbench.analysis.history) is re-meas
 build of the last good night (A) and the build of the newest night (B) run interleaved on the same unit in the same
 power state, A B A B ... (jbench.confirm does the running). This module holds the two decisions around that run:
 
-`targets(report, runs)`: for each alarmed unit x configuration, the two builds from the runs' tags
+`alarms(report)`: the regressions to confirm, from either report: over the history (jbench.analysis.history: a
+series' change starting on the newest nights; the night before it is the last good one) or from the two-sweep gate
+(jbench.analysis.regress, used until a configuration has enough nights: the newest sweep against its baseline's
+newest sweep). One Alarm per unit x configuration, with its alarmed metrics.
+
+`targets(report, runs)`: for each alarm, the two builds from the runs' tags
 (`backend.binary_dir`: where the build ran, `backend.build_commit`: what it says it is), taken from the night before
 the change and from the newest night. No A/B is possible, and the alarm stands unconfirmed with the reason, when:
   * a night's runs do not say where their build is (runs recorded before jbench recorded `backend.binary_dir`, or a
@@ -17,7 +22,9 @@ the change and from the newest night. No A/B is possible, and the alarm stands u
 `paired_change(a, b, direction)`: the pairs (A_i, B_i) give relative changes d_i = (B_i - A_i) / A_i; a one-sample
 Student t-test of d gives the mean change, its confidence interval and p. The alarm is confirmed when the change is
 worse (by the metric's direction) and significant (p < alpha) and at least `min_effect` (the configured threshold);
-otherwise it is not confirmed and leaves the exit code, the JUnit failures and the regressed units.
+otherwise it is not confirmed and leaves the exit code, the JUnit failures and the regressed units (`settle` writes
+the verdicts back: a history series per metric; a two-sweep configuration stands when any of its rates is
+confirmed).
 Pairing removes what drifts slowly between pairs (temperature, background load) from the comparison.
 """
 
@@ -30,10 +37,12 @@ from typing import Optional
 
 import pandas as pd
 
-from jbench.analysis.history import DEVICE, SWEEP, UNIT, HistoryReport, SeriesResult
 from jbench.analysis.compare import CONFIG_HASH
+from jbench.analysis.history import DEVICE, METRICS, SWEEP, UNIT, HistoryReport, SeriesResult
+from jbench.analysis.regress import REGRESSION, ConfigResult, RegressReport
 
-__all__ = ["ConfirmSettings", "BuildRef", "Target", "Skipped", "PairedChange", "targets", "paired_change"]
+__all__ = ["ConfirmSettings", "Alarm", "BuildRef", "Target", "Skipped", "PairedChange", "alarms", "targets",
+           "paired_change", "settle"]
 
 BINARY_DIR = "tags.backend.binary_dir"
 BUILD_COMMIT = "tags.backend.build_commit"
@@ -71,30 +80,50 @@ class BuildRef:
 
 
 @dataclass
-class Target:
-    """One unit x configuration to re-measure: its alarms (one per alarmed metric) and the two builds."""
+class Alarm:
+    """A regression of one unit x configuration to confirm: its alarmed metrics, the last good night and the
+    newest night, and the report's verdicts the confirmation settles (SeriesResult or ConfigResult)."""
 
     unit: str
     config_hash: str
     label: str
-    alarms: list[SeriesResult]
+    metrics: list[str]
+    before_sweep: str
+    newest_sweep: str
+    verdicts: list = field(default_factory=list)
+
+
+@dataclass
+class Target:
+    """One alarm to re-measure, with the two builds."""
+
+    alarm: Alarm
     previous: BuildRef  # A: the last good night's build
     new: BuildRef  # B: the newest night's build
     place: Optional[str] = None  # the farm place the unit was leased as, when it came from a coordinator
 
     @property
+    def unit(self) -> str:
+        return self.alarm.unit
+
+    @property
+    def config_hash(self) -> str:
+        return self.alarm.config_hash
+
+    @property
+    def label(self) -> str:
+        return self.alarm.label
+
+    @property
     def metrics(self) -> list[str]:
-        return [r.series.metric for r in self.alarms]
+        return self.alarm.metrics
 
 
 @dataclass
 class Skipped:
     """An alarm that cannot be confirmed: it stands, unconfirmed, with the reason."""
 
-    unit: str
-    config_hash: str
-    label: str
-    alarms: list[SeriesResult]
+    alarm: Alarm
     reason: str
 
 
@@ -141,31 +170,45 @@ def _build_of(rows: pd.DataFrame, sweep_id: str) -> Optional[BuildRef]:
     return BuildRef(d, commit if isinstance(commit, str) else "", sweep_id)
 
 
-def targets(report: HistoryReport, runs: pd.DataFrame) -> tuple[list[Target], list[Skipped]]:
-    """The alarms of `report` (regressions whose change starts on the newest nights) grouped per unit x
-    configuration, with the builds to interleave, or the reason none can be (module doc)."""
-    grouped: dict[tuple[str, str], list[SeriesResult]] = {}
-    for r in report.alarms():
-        grouped.setdefault((r.series.unit, r.series.config_hash), []).append(r)
-    if not grouped:
+def alarms(report: HistoryReport | RegressReport) -> list[Alarm]:
+    """The regressions of `report` to confirm, one per unit x configuration (module doc)."""
+    out: list[Alarm] = []
+    if isinstance(report, HistoryReport):
+        grouped: dict[tuple[str, str], list[SeriesResult]] = {}
+        for r in report.alarms():
+            grouped.setdefault((r.series.unit, r.series.config_hash), []).append(r)
+        for (unit, h), results in grouped.items():
+            change, nights = results[0].deciding, results[0].series.nights
+            before = nights[change.index - 1].sweep_id if change is not None and change.index >= 1 else ""
+            out.append(Alarm(unit, h, results[0].series.label, [r.series.metric for r in results], before,
+                             nights[-1].sweep_id, list(results)))
+        return out
+    for r in report.results:
+        if r.status != REGRESSION:
+            continue
+        metrics = [c.metric for c in r.checks if c.verdict == REGRESSION]
+        before = r.baseline_sweeps[-1] if r.baseline_sweeps else ""
+        out.append(Alarm(r.device, r.config_hash, r.label, metrics, before, r.now_sweep.split(",")[-1], [r]))
+    return out
+
+
+def targets(report: HistoryReport | RegressReport, runs: pd.DataFrame) -> tuple[list[Target], list[Skipped]]:
+    """The alarms of `report` with the builds to interleave, or the reason none can be (module doc)."""
+    found = alarms(report)
+    if not found:
         return [], []
     df = runs.assign(_unit=_unit_of(runs)) if len(runs) else runs
     out, skipped = [], []
-    for (unit, h), alarms in grouped.items():
-        label = alarms[0].series.label
-        change = alarms[0].deciding
-        nights = alarms[0].series.nights
-        rows = df[(df["_unit"] == unit) & (df[CONFIG_HASH].astype(str) == h)] if len(df) else df
-        if change is None or change.index < 1 or rows.empty:
-            skipped.append(Skipped(unit, h, label, alarms, "no night before the change to take the previous "
-                                                            "build from"))
+    for alarm in found:
+        rows = df[(df["_unit"] == alarm.unit) & (df[CONFIG_HASH].astype(str) == alarm.config_hash)] if len(df) else df
+        if not alarm.before_sweep or rows.empty:
+            skipped.append(Skipped(alarm, "no night before the change to take the previous build from"))
             continue
-        before, newest = nights[change.index - 1].sweep_id, nights[-1].sweep_id
-        a, b = _build_of(rows, before), _build_of(rows, newest)
+        a, b = _build_of(rows, alarm.before_sweep), _build_of(rows, alarm.newest_sweep)
         if a is None or b is None:
-            which = before if a is None else newest
-            skipped.append(Skipped(unit, h, label, alarms, f"the runs of night {which} do not record where their "
-                                   "build is (tag backend.binary_dir): nothing to interleave"))
+            which = alarm.before_sweep if a is None else alarm.newest_sweep
+            skipped.append(Skipped(alarm, f"the runs of night {which} do not record where their build is (tag "
+                                          "backend.binary_dir): nothing to interleave"))
             continue
         if a.binary_dir == b.binary_dir:
             if a.commit and b.commit and a.commit != b.commit:
@@ -176,11 +219,38 @@ def targets(report: HistoryReport, runs: pd.DataFrame) -> tuple[list[Target], li
                 reason = (f"the build did not change at the change (both nights ran {a.binary_dir}, commit "
                           f"{a.commit or 'unknown'}): the change is not in the build, so there is nothing to "
                           "interleave; look at the device and the fingerprint")
-            skipped.append(Skipped(unit, h, label, alarms, reason))
+            skipped.append(Skipped(alarm, reason))
             continue
         place = rows[PLACE].dropna().iloc[-1] if PLACE in rows.columns and rows[PLACE].notna().any() else None
-        out.append(Target(unit, h, label, alarms, a, b, place))
+        out.append(Target(alarm, a, b, place))
     return out, skipped
+
+
+def direction(metric: str) -> int:
+    """+1 when higher is better (rates, tokens/J), -1 when lower is (latencies)."""
+    return METRICS.get(metric, 1)
+
+
+def settle(alarm: Alarm, changes: list["PairedChange"], *, not_run: str = "") -> None:
+    """Write the confirmation back into the report's verdicts. A history series takes its metric's verdict; a
+    two-sweep configuration stands when any of its alarmed rates is confirmed. Fewer than 3 pairs (or `not_run`)
+    decide nothing: the verdict stays, with the reason."""
+    by_metric = {c.metric: c for c in changes}
+    for v in alarm.verdicts:
+        if isinstance(v, SeriesResult):
+            c = by_metric.get(v.series.metric)
+            if not_run or c is None:
+                v.confirmation = f"not confirmed either way: {not_run or 'not measured'}"
+            else:
+                v.confirmed = c.confirmed if c.n_pairs >= 3 else None
+                v.confirmation = c.describe()
+        elif isinstance(v, ConfigResult):
+            decided = [c for c in changes if c.n_pairs >= 3]
+            if not_run or not decided:
+                v.confirmation = f"not confirmed either way: {not_run or 'too few pairs'}"
+            else:
+                v.confirmed = any(c.confirmed for c in decided)
+                v.confirmation = "; ".join(c.describe() for c in changes)
 
 
 def paired_change(a: Sequence[float], b: Sequence[float], direction: int, *, metric: str = "",

@@ -66,7 +66,8 @@ from jbench.analysis.compare import (
 )
 from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
 
-__all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck", "ConfigResult", "NoData", "RegressError", "RegressReport", "regress",
+__all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck", "ConfigResult", "NoData",
+           "RegressError", "RegressReport", "regress",
            "EXIT_REGRESSION", "EXIT_NO_VERDICT"]
 
 EXIT_REGRESSION = 1
@@ -131,6 +132,12 @@ class ConfigResult:
     checks: list[MetricCheck]
     fingerprint_changes: list[str] = field(default_factory=list)
     note: str = ""
+    confirmed: Optional[bool] = None  # set by a confirmation (jbench.confirm); False clears the regression
+    confirmation: str = ""  # what the confirmation measured, or why it did not run
+
+    @property
+    def counts_as_regression(self) -> bool:
+        return self.status == REGRESSION and self.confirmed is not False
 
     @property
     def message(self) -> str:
@@ -146,6 +153,8 @@ class ConfigResult:
             parts.append("fingerprint changed: " + "; ".join(self.fingerprint_changes))
         if self.note:
             parts.append(self.note)
+        if self.confirmation:
+            parts.append("confirmation: " + self.confirmation)
         return "; ".join(parts)
 
 
@@ -159,7 +168,7 @@ class RegressReport:
 
     @property
     def exit_code(self) -> int:
-        if any(r.status == REGRESSION for r in self.results):
+        if any(r.counts_as_regression for r in self.results):
             return EXIT_REGRESSION
         if not self.results or any(r.status == INSUFFICIENT for r in self.results):
             return EXIT_NO_VERDICT
@@ -182,6 +191,10 @@ class RegressReport:
         for r in self.results:
             out[r.status] = out.get(r.status, 0) + 1
         return out
+
+    def alarms(self) -> list[ConfigResult]:
+        """The regressions a confirmation step would re-measure."""
+        return [r for r in self.results if r.status == REGRESSION]
 
     @property
     def table(self) -> pd.DataFrame:
@@ -209,6 +222,7 @@ class RegressReport:
                 {"device": r.device, "config_hash": r.config_hash, "label": r.label, "status": r.status,
                  "now_sweep": r.now_sweep, "baseline_sweeps": r.baseline_sweeps,
                  "fingerprint_changes": r.fingerprint_changes, "message": r.message,
+                 "confirmed": r.confirmed, "confirmation": r.confirmation,
                  "checks": [{k: _jsonable(v) for k, v in c.__dict__.items()} for c in r.checks]}
                 for r in self.results
             ],
@@ -239,6 +253,8 @@ class RegressReport:
                     note = f"{note}; {fp}" if note else fp
                 if i == 0 and r.note:
                     note = f"{note}; {r.note}"
+                if i == 0 and r.confirmation:
+                    note = f"{note}; confirmation: {r.confirmation}"
                 change = "n/a" if not math.isfinite(c.change) else f"{c.change * 100:+.2f} %"
                 lines.append(
                     f"| {r.status if i == 0 else ''} | {r.device if i == 0 else ''} | "
@@ -256,15 +272,16 @@ class RegressReport:
         for r in self.results:
             classname = f"{suite_name}.{r.device or 'device'}"
             if not per_metric:
-                kind = {REGRESSION: "failure", INSUFFICIENT: "skipped"}.get(r.status, "")
+                kind = ("failure" if r.counts_as_regression
+                        else "skipped" if r.status == INSUFFICIENT else "")
                 message = _first_line(r, REGRESSION) if kind == "failure" else "insufficient data: " + r.message
                 cases.append((classname, f"{r.label} [{r.config_hash}]", kind, message,
                               f"status: {r.status}\n{r.message}\n"))
                 continue
             for c in r.checks:
                 one = ConfigResult(r.device, r.config_hash, r.label, r.status, r.now_sweep, r.baseline_sweeps, [c],
-                                   r.fingerprint_changes, r.note)
-                kind = ("failure" if c.verdict == REGRESSION and r.status == REGRESSION
+                                   r.fingerprint_changes, r.note, r.confirmed, r.confirmation)
+                kind = ("failure" if c.verdict == REGRESSION and r.counts_as_regression
                         else "skipped" if c.verdict == INSUFFICIENT else "")
                 message = _first_line(one, REGRESSION) if kind == "failure" else "insufficient data: " + c.reason
                 cases.append((classname, f"{r.label} [{r.config_hash}] {c.metric}", kind, message,

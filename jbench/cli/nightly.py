@@ -17,8 +17,8 @@ Every unit runs the whole matrix (sweep.rerun=true) and is compared with its own
 fails or is interrupted, before regress and report run.
 
 \b
-Confirmation (on by default): each regression found over the history is measured again
-before it fails the night: the build of the night before the change and the newest build
+Confirmation (on by default): each regression found (over the history, or by the two-sweep
+gate) is measured again before it fails the night: the build of the night before the change and the newest build
 run interleaved (A B A B ..., --confirm-pairs) on that unit in the configuration's power
 state; the alarm stands only when the paired difference is significant (--confirm-alpha)
 and at least --confirm-threshold. Runs go to the experiment EXPERIMENT-confirm. When it
@@ -58,7 +58,7 @@ Example:
 @click.option("--report-dir", type=click.Path(file_okay=False), default=None,
               help="The HTML report's directory (default: RESULTS/reports/nightly-CLASS-SWEEP).")
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
-              help="Measure each regression found over the history again (previous vs new build, interleaved).")
+              help="Measure each regression found again (previous vs new build, interleaved) before it fails the night.")
 @click.option("--confirm-pairs", type=int, default=6, show_default=True, help="A B pairs of the confirmation.")
 @click.option("--confirm-alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the confirmation's paired t-test.")

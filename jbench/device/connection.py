@@ -101,6 +101,10 @@ class Connection(ABC):
         """Expand ~ the way the device's user sees it."""
 
     @abstractmethod
+    def put_file(self, local: str, remote: str) -> None:
+        """Copy a file of this machine to `remote` on the device (a path as the device sees it)."""
+
+    @abstractmethod
     def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> PortForward:
         """Make remote_host:remote_port, as the device sees it, reachable from this machine."""
 

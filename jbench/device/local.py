@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +252,9 @@ class LocalConnection(Connection):
 
     def expand_path(self, path: str) -> str:
         return os.path.expanduser(path)
+
+    def put_file(self, local: str, remote: str) -> None:
+        shutil.copyfile(local, self.expand_path(remote))
 
     def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> LocalPort:
         return LocalPort((remote_host, remote_port))

@@ -255,6 +255,17 @@ class SSHConnection(Connection):
                 self._sudo_validated_at = None  # a new connection: sudo's credential cache is not ours yet
             return self._client.get_transport()
 
+    def put_file(self, local: str, remote: str) -> None:
+        """SFTP over this connection's own transport (host key already verified)."""
+        try:
+            sftp = paramiko.SFTPClient.from_transport(self.transport())
+            try:
+                sftp.put(local, self.expand_path(remote))
+            finally:
+                sftp.close()
+        except (OSError, paramiko.SSHException) as exc:
+            raise DeviceError(f"copying {local} to {self.name}:{remote} failed: {exc}") from None
+
     def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> TunnelForwarder:
         return TunnelForwarder(self.transport(), remote_port, remote_host)
 
