@@ -1,8 +1,9 @@
-"""Confirmation of a history alarm (pure): which builds to interleave, and the paired test that decides.
+"""Confirmation of a nightly alarm (pure): which builds to interleave, and the paired test that decides.
 
-A regression found over the nightly history (jbench.analysis.history) is re-measured before it is reported: the
-build of the last good night (A) and the build of the newest night (B) run interleaved on the same unit in the same
-power state, A B A B ... (jbench.confirm does the running). This module holds the two decisions around that run:
+A regression found by the nightly (over its history, or by the two-sweep gate) is re-measured before it is
+reported: the build of the last good night (A) and the build of the newest night (B) run interleaved on the same
+unit in the same power state, A B A B ... (jbench.confirm does the running). This module holds the decisions
+around that run:
 
 `alarms(report)`: the regressions to confirm, from either report: over the history (jbench.analysis.history: a
 series' change starting on the newest nights; the night before it is the last good one) or from the two-sweep gate
