@@ -17,12 +17,18 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background from a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and
+# every process it starts would ignore the Ctrl-C the tests send. Give the children Ctrl-C back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
