@@ -32,7 +32,7 @@ from _procstat import (  # noqa: E402
     run_once,
 )
 
-from jbench import paths  # noqa: E402
+from jbench.core import paths  # noqa: E402
 
 
 def private_cache(tmp: Path) -> Path:

@@ -1,7 +1,7 @@
 """NVML energy check on a discrete NVIDIA GPU: jbench's integrated power vs the GPU's energy counter.
 
 Runs real llama.cpp CUDA decode and prefill passes through jbench's own measurement path
-(jbench.sweeps.measure: NVML sampler, device-clock phase windows, trapezoid integration) for
+(jbench.runner.measure: NVML sampler, device-clock phase windows, trapezoid integration) for
 several window lengths, and for each window compares three energies:
   - integrated instantaneous power (NVML_FI_DEV_POWER_INSTANT; what jbench logs),
   - integrated nvmlDeviceGetPowerUsage (a ~1 s trailing average on Hopper),
@@ -29,9 +29,9 @@ from jbench.analysis.energy import window_energy  # noqa: E402
 from jbench.analysis.telemetry import counter_energy  # noqa: E402
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from jbench.device.local import LocalConnection  # noqa: E402
-from jbench.sweeps.context import TrialContext, typed_config  # noqa: E402
-from jbench.sweeps.measure import measure  # noqa: E402
-from jbench.trial import Trial
+from jbench.runner.context import TrialContext, typed_config  # noqa: E402
+from jbench.runner.measure import measure  # noqa: E402
+from jbench.core.trial import Trial
 
 
 def make_trial(bin_dir: str, model: str, n_prompt: int, n_gen: int, reps: int, min_window_s: float) -> Trial:

@@ -72,7 +72,7 @@ def nosimd_build(llama_build) -> str:
     into the cache ($JBENCH_CACHE_DIR-aware) with -j2 under nice. Returns its bin directory."""
     import platform
 
-    from jbench import paths
+    from jbench.core import paths
     from jbench.models.provision import (LLAMA_CPP_PYTHON_VERSION, cmake_args, compile_llamacpp, extract_sources,
                                          fetch_sdist)
 

@@ -21,12 +21,12 @@ from typing import Callable
 
 import pytest
 
-from jbench import registry
+from jbench.core import registry
 from jbench.backends.base import Backend, BackendError, Capabilities, backend_class
 from jbench.config import ConfigError, compose
 from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
-from jbench.results import BackendResult, PhaseResult
+from jbench.core.results import BackendResult, PhaseResult
 
 HERE = Path(__file__).resolve().parent
 ENGINE = HERE / "fixtures" / "engine" / "stand_in_engine.py"

@@ -19,7 +19,7 @@ from jbench.device import bandwidth as bwm  # noqa: E402
 from jbench.device.connection import CommandResult  # noqa: E402
 from jbench.device.local import LocalConnection  # noqa: E402
 from jbench.reporting import report  # noqa: E402
-from jbench.reporting.roofline import CEILING_BELOW_MEASURED, trial_roofline  # noqa: E402
+from jbench.runner.analyses import CEILING_BELOW_MEASURED, trial_roofline  # noqa: E402
 
 from tests.test_roofline import _write_gguf  # noqa: E402
 
@@ -215,7 +215,7 @@ def test_calibrate_command_fails_with_one_message(cache, monkeypatch):
 def test_a_sweep_measures_its_ceiling_and_no_fraction_exceeds_one(tmp_path, llama_build, bundled_model):
     """A real sweep on this machine with no bandwidth figure and no calibration: the first trial measures the
     CPU read rate, the next one reuses it, and every finished run's fraction is <= 1 or carries the finding."""
-    from jbench import paths
+    from jbench.core import paths
 
     from tests.conftest import jbench_cli
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jbench.bisect import (BAD, GOOD, UNCLEAR, BisectError, builds_from_dirs, classify, commits_between, ends_differ,
+from jbench.sweeps.bisect import (BAD, GOOD, UNCLEAR, BisectError, builds_from_dirs, classify, commits_between, ends_differ,
                            repetitions_needed, search)
 from tests.conftest import jbench_cli
 
@@ -254,7 +254,7 @@ def tiny_cmake_project(tmp_path: Path) -> tuple[Path, str]:
 def test_a_commit_is_built_with_the_setup_cmake_configuration_once_and_cached(tmp_path, monkeypatch):
     """build_commit on a real (tiny) CMake project committed to git: `git archive` of the commit, `jbench setup`'s
     CMake arguments, only the llama-bench target, into the cache; the second call reuses it."""
-    from jbench import bisect
+    from jbench.sweeps import bisect
 
     repo, sha = tiny_cmake_project(tmp_path)
     monkeypatch.setenv("JBENCH_CACHE_DIR", str(tmp_path / "cache"))

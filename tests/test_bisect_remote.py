@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jbench.bisect import BisectError, build_commit_on_device
+from jbench.sweeps.bisect import BisectError, build_commit_on_device
 from jbench.device.connect import connect
 from tests.conftest import jbench_cli
 from tests.test_bisect import CONFIG, _git, _ladder, _runs, assert_fast_fast_slow_slow_steps, tiny_cmake_project

@@ -1,4 +1,4 @@
-"""Confirmation of a nightly alarm (jbench.analysis.confirm, jbench.confirm): which builds are interleaved, the
+"""Confirmation of a nightly alarm (jbench.analysis.paired, jbench.confirm): which builds are interleaved, the
 paired test that decides, and `jbench nightly` confirming on real llama.cpp runs -- a real regression (the cached
 build followed by the SIMD-less build, about 5x slower) is confirmed and fails the night; a drop that came from load
 on the machine, not from the new build, is measured again without the load and cleared."""
@@ -18,7 +18,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from jbench.analysis.confirm import ConfirmSettings, paired_change, targets
+from jbench.analysis.paired import ConfirmSettings, paired_change, targets
 from jbench.analysis.history import CHANGED_ENV, DEFAULT_SETTINGS, REGRESSION, history
 
 from .conftest import jbench_cli
@@ -110,7 +110,7 @@ def test_no_target_when_the_build_did_not_change_or_was_replaced_in_place():
 def test_two_sweep_alarms_are_confirmed_per_configuration():
     """The two-sweep gate (a configuration's first nights): its regression is confirmed when any alarmed rate is,
     and one that is not confirmed leaves the exit code and the JUnit failures."""
-    from jbench.analysis.confirm import alarms, settle
+    from jbench.analysis.paired import alarms, settle
     from jbench.analysis.regress import regress
 
     df = _runs(["/b/old"] * 3 + ["/b/new"], ["aaa"] * 3 + ["bbb"], [60.0, 60.2, 59.9, 30.0])
@@ -140,10 +140,10 @@ def test_an_environment_change_is_no_alarm_to_confirm():
 
 
 def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
-    from jbench.analysis.confirm import Alarm, BuildRef, Target
-    from jbench.confirm import BUILD_KEY, confirmation_plan
+    from jbench.analysis.paired import Alarm, BuildRef, Target
+    from jbench.sweeps.confirm import BUILD_KEY, confirmation_plan
     from jbench.sweeps.plan import Plan, Pool
-    from jbench.trial import Trial
+    from jbench.core.trial import Trial
 
     config = {"device": {"name": "@orin"}, "backend": {"name": "llamacpp", "repetitions": 5}, "model": {}}
     trials = [Trial(index=i + 1, config=config, choices={}, point={"model.quant": "Q4_0"}, config_hash="h1", round=r,
@@ -218,7 +218,7 @@ class _Load:
 
 
 def _nights(conf: Path, results: Path, builds: list[str], load_from: int | None = None, **kwargs) -> list:
-    from jbench.nightly import run_nightly
+    from jbench.sweeps.nightly import run_nightly
 
     load, out = _Load(), []
     try:

@@ -86,7 +86,7 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, llama_build,
     }))
     res = jbench_cli(["sweep", "--config-dir", str(conf), "model=mixed", "model.quant=Q8_0,Q4_0", *SMALL],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "results")})
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 4, res.stdout + res.stderr
     assert "1 of 2 trial(s) failed" in res.stderr
     client, parents, children = _runs(f"sqlite:///{tmp_path}/results/mlflow.db", "adhoc")
     failed, ok = children
@@ -102,7 +102,7 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, llama_build,
 def test_unparseable_backend_output_is_a_failed_trial_not_a_zero(tmp_path, bundled_model):
     fake = Path(__file__).parent / "fixtures" / "unparseable_llamacpp"
     res = jbench_cli(["run", f"backend.binary_dir={fake}", *SMALL], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})
-    assert res.returncode == 1
+    assert res.returncode == 4
     client, _, children = _runs(f"sqlite:///{tmp_path}/mlflow.db", "adhoc")
     run = children[0]
     assert run.info.status == "FAILED" and run.data.tags["jbench.failure_category"] == "unparseable_output"

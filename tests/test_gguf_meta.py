@@ -8,7 +8,8 @@ import pytest
 
 from jbench.analysis.roofline import weight_bytes_per_token
 from jbench.models.facts import read_gguf, read_gguf_header
-from jbench.models.gguf import GGUFMetaError, header, kv_arch
+from jbench.models.facts import model_facts
+from jbench.models.gguf import GGUFMetaError, header
 
 
 @pytest.mark.slow
@@ -19,7 +20,7 @@ def test_fast_header_matches_gguf_reader(bundled_model):
     assert fast.arch == slow.arch and fast.architecture == slow.architecture == "gemma3"
     assert fast.tensors == slow.tensors
     assert weight_bytes_per_token(fast).total == weight_bytes_per_token(slow).total == 246_588_584
-    meta = kv_arch(path)
+    meta = model_facts(path).kv_arch()
     assert (meta["context_length"], meta["n_layer"], meta["n_head_kv"], meta["head_dim"]) == (32768, 18, 1, 256)
     values, _ = header(path)
     assert values["tokenizer.ggml.tokens.__len__"] == 262144

@@ -13,7 +13,7 @@ import pytest
 from jbench.analysis.history import (CHANGED_ENV, DEFAULT_SETTINGS, IMPROVEMENT, NO_CHANGE, NO_VERDICT, REGRESSION,
                                      DetectorSettings, HistoryError, build_series, detect_changes, history, judge,
                                      max_nights)
-from jbench.analysis.regress import EXIT_NO_VERDICT, EXIT_REGRESSION
+from jbench.core.exitcodes import ExitCode
 
 T0 = pd.Timestamp("2026-10-01T02:00:00Z")
 
@@ -80,7 +80,7 @@ def test_a_real_step_is_found_on_its_night_and_unit_with_effect_ci_and_p():
     assert c.effect == pytest.approx(-0.05, abs=0.01) and c.ci_low < c.effect < c.ci_high < 0
     assert c.p_value < DEFAULT_SETTINGS.alpha and c.fingerprint_changes == ()
     assert all(r.verdict == NO_CHANGE for k, r in by.items() if k != ("u2", "decode_tps"))
-    assert rep.exit_code == EXIT_REGRESSION and rep.regressed_units == ["u2"]
+    assert rep.exit_code == ExitCode.FAILED and rep.regressed_units == ["u2"]
     assert [r.series.unit for r in rep.alarms()] == ["u2"]
     # A confirmation step that does not confirm it clears the alarm (the later confirmation plugs in here).
     hit.confirmed = False
@@ -120,7 +120,7 @@ def test_too_few_nights_is_no_verdict_with_how_many_more():
     assert {r.verdict for r in rep.results} == {NO_VERDICT}
     need = DEFAULT_SETTINGS.min_nights - 5
     assert {r.needs_nights for r in rep.results} == {need}
-    assert rep.exit_code == EXIT_NO_VERDICT
+    assert rep.exit_code == ExitCode.NO_VERDICT
     assert f"needs {need} more" in rep.results[0].message
     assert f"up to {need} more night(s)" in rep.verdict_reason
     assert history(_frame(DEFAULT_SETTINGS.min_nights, {("u1", "h1"): flat()})).exit_code == 0
@@ -174,7 +174,7 @@ def test_junit_and_markdown_shape():
     assert "regression from night 11 (sweep10" in failed[0].find("failure").get("message")
     skipped = [c for c in cases if c.find("skipped") is not None]
     assert {c.get("classname") for c in skipped} == {"jbench.nightly.orin.u3"}
-    assert rep.exit_code == EXIT_REGRESSION  # a regression wins over no verdict
+    assert rep.exit_code == ExitCode.FAILED  # a regression wins over no verdict
     md = rep.to_markdown().splitlines()
     assert md[0] == "# jbench regress (history): FAIL: performance regression on u2"
     rows = [line for line in md if line.startswith("| ")][1:]  # after the header

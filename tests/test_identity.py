@@ -11,10 +11,11 @@ from functools import lru_cache
 
 import pytest
 
-from jbench import identity
-from jbench.backends.base import backend_schemas
-from jbench.identity import (HASH_VERSION, config_hash, file_digest, flat_params, ident, identity_items,
-                             model_digest, nonident, run_hashes, trial_identity, undeclared_fields)
+from jbench.core import identity, schema
+from jbench.core.registry import backend_schemas
+from jbench.core.identity import HASH_VERSION, config_hash, flat_params, identity_items, run_hashes, trial_identity
+from jbench.core.schema import ident, nonident, undeclared_fields
+from jbench.models.digest import file_digest, model_digest, unchanged_local_digest
 from jbench.sweeps.plan import plan
 
 BUILD = "0c1e57098"
@@ -90,7 +91,7 @@ def test_declaration_forms():
         d: int = nonident(1)
         e: int = field(default=1, metadata={"identity": "bench"})
 
-    decl = {f.name: identity.declaration(f) for f in dataclasses.fields(S)}
+    decl = {f.name: schema.declaration(f) for f in dataclasses.fields(S)}
     assert decl == {"a": True, "b": ("latency",), "c": ("bench", "latency"), "d": False, "e": ("bench",)}
     assert [leaf.path for leaf in identity._leaves(S, "", "bench")] == ["a", "c", "e"]
     assert [leaf.path for leaf in identity._leaves(S, "", "latency")] == ["a", "b", "c"]
@@ -223,10 +224,10 @@ def test_file_digest_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
     f.write_bytes(b"one")
     first = file_digest(str(f))
     reads = []
-    import jbench.models.store as store
+    import jbench.models.digest as digest
 
-    real = store.sha256_file
-    monkeypatch.setattr(store, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = digest.sha256_file
+    monkeypatch.setattr(digest, "sha256_file", lambda p: reads.append(p) or real(p))
     assert file_digest(str(f)) == first and reads == []  # from the cache
     f.write_bytes(b"two, longer")
     assert file_digest(str(f)) not in (None, first) and len(reads) == 1
@@ -329,12 +330,12 @@ def test_v1_run_of_a_local_user_file_gets_its_digest_while_the_file_is_unchanged
     params, tags = flat_params(cfg), {"backend.build_commit": BUILD, "model.file": str(f)}
     start_ms = (old + 60) * 1000
     expected = trial_identity(cfg, build=BUILD, model_digest=model_digest(cfg["model"]))
-    assert run_hashes(params, tags, start_time_ms=start_ms) == (config_hash(cfg), expected)
+    assert run_hashes(params, tags, start_time_ms=start_ms, local_digest=unchanged_local_digest) == (config_hash(cfg), expected)
     # Changed after the run started: not the file it measured.
-    assert run_hashes(params, tags, start_time_ms=(old - 60) * 1000) == (config_hash(cfg), None)
+    assert run_hashes(params, tags, start_time_ms=(old - 60) * 1000, local_digest=unchanged_local_digest) == (config_hash(cfg), None)
     # On a remote device the controller cannot look.
     remote = {**params, "device.kind": "ssh"}
-    assert run_hashes(remote, tags, start_time_ms=start_ms)[1] is None
+    assert run_hashes(remote, tags, start_time_ms=start_ms, local_digest=unchanged_local_digest)[1] is None
 
 
 def test_a_config_being_planned_always_has_a_hash():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jbench.identity import config_hash, trial_identity
+from jbench.core.identity import config_hash, trial_identity
 from jbench.sweeps.plan import plan
 from jbench.tracking.reader import finished_trials, runs_frame, with_current_hashes
 

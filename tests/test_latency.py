@@ -27,9 +27,9 @@ from jbench.backends.llamacpp.backend import LlamaCppBackend
 from jbench.device.local import LocalConnection
 from jbench.device.connect import connect
 from jbench.sweeps.plan import plan
-from jbench.sweeps.analyses import phase_metrics
-from jbench.identity import config_hash
-from jbench.results import BackendResult
+from jbench.runner.analyses import phase_metrics
+from jbench.core.identity import config_hash
+from jbench.core.results import BackendResult
 
 FAKE_SERVER_DIR = Path(__file__).parent / "fixtures" / "fake_llama_server"
 

@@ -16,7 +16,7 @@ import pytest
 from jbench.analysis.roofline import RooflineError, weight_bytes_per_token
 from jbench.models import facts as mf
 from jbench.models import gguf as fast
-from jbench.models.gguf import GGUFMetaError, kv_arch
+from jbench.models.gguf import GGUFMetaError
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,7 @@ def test_hit_does_not_open_the_gguf(tmp_path, monkeypatch):
     _forbid_reads(monkeypatch)
     again = mf.model_facts(path)
     assert again == first
-    assert kv_arch(path) == first.kv_arch()
+    assert mf.model_facts(path).kv_arch() == first.kv_arch()
     assert mf.read_gguf_header(path) == first.gguf_model()
 
 
@@ -220,7 +220,7 @@ def test_errors_are_not_cached_and_name_the_file(tmp_path):
     with pytest.raises(RooflineError, match="bad.gguf"):
         mf.read_gguf_header(bad)
     with pytest.raises(FileNotFoundError):
-        kv_arch(tmp_path / "absent.gguf")
+        mf.model_facts(tmp_path / "absent.gguf").kv_arch()
     with pytest.raises(RooflineError, match="absent.gguf"):
         mf.read_gguf_header(tmp_path / "absent.gguf")
     assert not mf.cache_root().exists() or not list(mf.cache_root().glob("*.json"))
@@ -244,6 +244,6 @@ def test_missing_key_is_named_like_a_fresh_read(tmp_path):
     for _ in range(2):  # a miss, then a hit: the same errors
         mf.clear_memory_cache()
         with pytest.raises(GGUFMetaError, match=r"llama\.context_length"):
-            kv_arch(path)
+            mf.model_facts(path).kv_arch()
         with pytest.raises(RooflineError, match=r"llama\.attention\.head_count_kv"):
             mf.read_gguf_header(path)

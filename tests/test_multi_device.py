@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator
-from jbench.results import Status
+from jbench.core.results import Status
 from jbench.sweeps.plan import plan
 from jbench.sweeps.sweep import Sweep
 

@@ -22,8 +22,8 @@ from mlflow.tracking import MlflowClient
 from jbench.analysis.regress import regress
 from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator
-from jbench.nightly import (EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_NO_VERDICT, EXIT_REGRESSION, EXIT_TRIALS_FAILED,
-                            NightlyError, exit_code, run_nightly)
+from jbench.sweeps.nightly import (NightlyError, exit_code, run_nightly)
+from jbench.core.exitcodes import ExitCode
 
 from .conftest import jbench_cli
 from .labgrid_fixture import coordinator, eventually  # noqa: F401  (a fixture)
@@ -89,11 +89,11 @@ def _restored(emu) -> bool:
 
 
 def test_exit_code_precedence_regression_then_failed_trials_then_no_verdict():
-    assert exit_code(EXIT_CLEAN, 0) == EXIT_CLEAN
-    assert exit_code(EXIT_NO_VERDICT, 0) == EXIT_NO_VERDICT
-    assert exit_code(EXIT_CLEAN, 2) == EXIT_TRIALS_FAILED  # failed trials are never green
-    assert exit_code(EXIT_NO_VERDICT, 1) == EXIT_TRIALS_FAILED
-    assert exit_code(EXIT_REGRESSION, 3) == EXIT_REGRESSION
+    assert exit_code(ExitCode.OK, 0) == ExitCode.OK
+    assert exit_code(ExitCode.NO_VERDICT, 0) == ExitCode.NO_VERDICT
+    assert exit_code(ExitCode.OK, 2) == ExitCode.TRIALS_FAILED  # failed trials are never green
+    assert exit_code(ExitCode.NO_VERDICT, 1) == ExitCode.TRIALS_FAILED
+    assert exit_code(ExitCode.FAILED, 3) == ExitCode.FAILED
 
 
 def _class_frame(rates: dict) -> tuple[pd.DataFrame, dict]:
@@ -119,7 +119,7 @@ def test_regress_compares_a_class_sweep_per_unit():
     rep = regress(df, samples, baseline="last", current="s2")
     status = {(r.device, r.config_hash): r.status for r in rep.results}
     assert status == {("u1", "h1"): "pass", ("u2", "h1"): "regression"}
-    assert rep.exit_code == EXIT_REGRESSION
+    assert rep.exit_code == ExitCode.FAILED
     # Without the unit tag (a pinned device=NAME sweep) the device entry is the key, as before.
     plain = df.drop(columns=["tags.device.unit"]).assign(**{"tags.device.name": "nano1"})
     assert [r.device for r in regress(plain[plain.index % 2 == 0], samples, current="s2").results] == ["nano1"]
@@ -156,7 +156,7 @@ def test_three_nights_no_baseline_then_clean_then_one_slower_unit(coordinator, t
 
     # Night 1: every unit ran every configuration; nothing to compare with: no verdict, never green.
     res, junit, md, sweep1 = night(1)
-    assert res.returncode == EXIT_NO_VERDICT, res.stdout + res.stderr
+    assert res.returncode == ExitCode.NO_VERDICT, res.stdout + res.stderr
     assert "NO VERDICT" in res.stderr and "no baseline runs" in md.read_text()
     runs = _runs(results, sweep1)
     assert Counter((r.data.tags["device.unit"], r.data.params["backend.n_gen"]) for r in runs) \
@@ -175,7 +175,7 @@ def test_three_nights_no_baseline_then_clean_then_one_slower_unit(coordinator, t
 
     # Night 2: the same speed on both units: clean.
     res, junit, md, sweep2 = night(2)
-    assert res.returncode == EXIT_CLEAN, res.stdout + res.stderr
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     assert md.read_text().startswith(f"# jbench nightly {CLASS}: OK")
     cases = _cases(junit)
     assert len(cases) == 8 and not any(c.find("failure") is not None or c.find("skipped") is not None for c in cases)
@@ -184,7 +184,7 @@ def test_three_nights_no_baseline_then_clean_then_one_slower_unit(coordinator, t
     # Night 3: u2 takes 1.5x as long (its printed phase times follow): a regression on u2 only.
     (two_units["u2"].home / "engine_slowdown").write_text("1.5\n")
     res, junit, md, sweep3 = night(3)
-    assert res.returncode == EXIT_REGRESSION, res.stdout + res.stderr
+    assert res.returncode == ExitCode.FAILED, res.stdout + res.stderr
     text = md.read_text()
     assert text.splitlines()[0] == f"# jbench nightly {CLASS}: FAIL: performance regression on u2"
     rows = [line for line in text.splitlines() if line.startswith("| regression")]
@@ -204,7 +204,7 @@ def test_failed_trials_are_never_green_and_are_reported(two_units, tmp_path):
     res = jbench_cli(["nightly", CLASS, "--config-dir", str(conf), "--junit", str(junit), *COMMON],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
     # No baseline yet (3) and failed trials (4): failed trials win.
-    assert res.returncode == EXIT_TRIALS_FAILED, res.stdout + res.stderr
+    assert res.returncode == ExitCode.TRIALS_FAILED, res.stdout + res.stderr
     assert f"# jbench nightly {CLASS}: FAIL: {len(N_GEN)} trial(s) failed" in res.stdout
     suite = ET.fromstring(junit.read_text())
     errors = [c for c in suite.findall("testcase") if c.find("error") is not None]
@@ -225,7 +225,7 @@ def test_an_unknown_class_or_bad_input_runs_nothing(two_units, tmp_path):
     conf = _conf(tmp_path, two_units)
     res = jbench_cli(["nightly", "agx_thor", "--config-dir", str(conf), *COMMON],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
-    assert res.returncode == EXIT_BAD_INPUT, res.stdout + res.stderr
+    assert res.returncode == ExitCode.BAD_INPUT, res.stdout + res.stderr
     assert "no device entry has device_class 'agx_thor'" in res.stderr and f"{CLASS}: u1, u2" in res.stderr
     for bad, says in ((["device=u1"], "give the class as the argument"),
                       (["backend.n_gn=3"], "Did you mean backend.n_gen"),
@@ -234,7 +234,7 @@ def test_an_unknown_class_or_bad_input_runs_nothing(two_units, tmp_path):
                       (["--confirm-pairs", "2"], "at least 3 are needed")):
         res = jbench_cli(["nightly", CLASS, "--config-dir", str(conf), *COMMON, *bad],
                          env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
-        assert res.returncode == EXIT_BAD_INPUT and says in res.stderr, (bad, res.stdout + res.stderr)
+        assert res.returncode == ExitCode.BAD_INPUT and says in res.stderr, (bad, res.stdout + res.stderr)
         assert res.stderr.count("error:") == 1 and "Traceback" not in res.stderr
     with pytest.raises(NightlyError, match="agx_thor"):  # the same through Python
         run_nightly("agx_thor", experiment=EXPERIMENT, config_dirs=[conf], overrides=COMMON[2:],
@@ -304,7 +304,7 @@ def test_a_unit_lost_mid_night_keeps_its_trials_and_fails_the_night(two_units, t
     finally:
         lost.unblock()
     assert cut, "u2 never started a trial"
-    assert result.exit_code == EXIT_TRIALS_FAILED, result.markdown
+    assert result.exit_code == ExitCode.TRIALS_FAILED, result.markdown
     assert Counter((o.device, o.trial.index, str(o.status)) for o in result.outcomes if o.device == "u1") \
         == Counter(("u1", i, "FINISHED") for i in (1, 2))  # u1 ran its own matrix once, nothing of u2's
     failed = sorted((o.device, o.trial.index) for o in result.failed)

@@ -14,7 +14,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from jbench.analysis.history import DEFAULT_SETTINGS
-from jbench.nightly import EXIT_CLEAN, EXIT_NO_VERDICT, EXIT_REGRESSION, run_nightly
+from jbench.sweeps.nightly import run_nightly
+from jbench.core.exitcodes import ExitCode
 
 from .conftest import jbench_cli
 from .test_ssh_devices import device_cfg
@@ -58,11 +59,11 @@ def test_nightly_finds_a_step_over_history_on_its_night_and_unit(emulated_jetson
         res = run_nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results, overrides=COMMON)
         sweeps.append(res.sweep_id)
         if night == 1:
-            assert res.exit_code == EXIT_NO_VERDICT and res.mode == "pairwise", res.markdown
+            assert res.exit_code == ExitCode.NO_VERDICT and res.mode == "pairwise", res.markdown
         elif night < enough:
-            assert res.exit_code == EXIT_CLEAN and res.mode == "pairwise", res.markdown
+            assert res.exit_code == ExitCode.OK and res.mode == "pairwise", res.markdown
         elif night == enough:  # as many nights as the history needs: judged over it, clean
-            assert res.exit_code == EXIT_CLEAN and res.mode == "history", res.markdown
+            assert res.exit_code == ExitCode.OK and res.mode == "history", res.markdown
             assert "# jbench nightly orin_nano_super: OK" in res.markdown and "| no change | u1 |" in res.markdown
 
     if step_night == last_night:
@@ -70,7 +71,7 @@ def test_nightly_finds_a_step_over_history_on_its_night_and_unit(emulated_jetson
     junit, md = tmp_path / "n.xml", tmp_path / "n.md"
     res = jbench_cli(["nightly", CLASS, "--experiment", EXPERIMENT, "--config-dir", str(conf), "--junit", str(junit),
                       "--markdown", str(md), *COMMON], env_extra={"JBENCH_RESULTS_DIR": str(results)})
-    assert res.returncode == EXIT_REGRESSION, res.stdout + res.stderr
+    assert res.returncode == ExitCode.FAILED, res.stdout + res.stderr
     text = md.read_text()
     assert text.splitlines()[0] == f"# jbench nightly {CLASS}: FAIL: performance regression on u2"
     client = MlflowClient(f"sqlite:///{results}/mlflow.db")
@@ -95,7 +96,7 @@ def test_nightly_finds_a_step_over_history_on_its_night_and_unit(emulated_jetson
     # The same verdict from `jbench regress` over the store (history is its default with enough nights).
     res = jbench_cli(["regress", "--experiment", EXPERIMENT, "--report-dir", str(tmp_path / "hist")],
                      env_extra={"JBENCH_RESULTS_DIR": str(results)})
-    assert res.returncode == EXIT_REGRESSION and "mode: history" in res.stderr, res.stdout + res.stderr
+    assert res.returncode == ExitCode.FAILED and "mode: history" in res.stderr, res.stdout + res.stderr
     assert (tmp_path / "hist" / "history.html").is_file()
     # ... and the two-sweep comparison is still there.
     res = jbench_cli(["regress", "--experiment", EXPERIMENT, "--baseline", "last"],

@@ -8,15 +8,15 @@ import textwrap
 
 import pytest
 
-from jbench import registry
+from jbench.core import registry
 from jbench.backends.base import BackendError
 from jbench.device.connection import ConnectionLost
 from jbench.device.local import LocalConnection
-from jbench.results import BackendResult, Category, Finding, PhaseResult, Result, Status
+from jbench.core.results import BackendResult, Category, Finding, PhaseResult, Result, Status
 from jbench.sweeps import sweep as sweep_module
-from jbench.sweeps.analyses import Noise, PhaseSpeed, Roofline
+from jbench.runner.analyses import Noise, PhaseSpeed, Roofline
 from jbench.sweeps.plan import plan
-from jbench.sweeps.stages import DeviceState, Measure, PowerState, Stage, ThermalGate, default_stages
+from jbench.runner.stages import DeviceState, Measure, PowerState, Stage, ThermalGate, default_stages
 from jbench.sweeps.sweep import Sweep
 
 
@@ -25,8 +25,8 @@ def plugin_package(tmp_path, monkeypatch):
     """A user's package that adds an analysis and a telemetry source the way a real one does: an
     installed distribution's entry_points.txt, found by importlib.metadata on sys.path."""
     (tmp_path / "my_checks.py").write_text(textwrap.dedent('''
-        from jbench.results import Result
-        from jbench.sweeps.stages import Stage
+        from jbench.core.results import Result
+        from jbench.runner.stages import Stage
         from jbench.device.telemetry.samplers import NoSampler
 
         class TokensPerWatt(Stage):

@@ -6,7 +6,7 @@ import pytest
 
 from jbench.config import ConfigError
 from jbench.sweeps.plan import plan, split_overrides
-from jbench.identity import config_hash
+from jbench.core.identity import config_hash
 
 
 def _user_dir(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jbench.identity import config_hash, identity_items_from_flat, identity_params, _config_digest
+from jbench.core.identity import config_hash, identity_items_from_flat, identity_params, _config_digest
 from jbench.sweeps.plan import plan
-from jbench.trial import short_label
+from jbench.core.trial import short_label
 
 
 @pytest.mark.parametrize("point, name", [

@@ -306,7 +306,7 @@ def test_failed_trial_and_exception_still_restore(orin_nano_super, tmp_path, bun
     res = jbench_cli(["run", "--config-dir", str(conf), "device=emu", f"backend.binary_dir={fake}",
                       "power.mode=15W", "power.jetson_clocks=true", "telemetry.source=none",
                       "backend.n_gen=4", "backend.n_prompt=8"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
-    assert res.returncode == 1
+    assert res.returncode == 4
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].data.tags["jbench.failure_category"] == "unparseable_output"
     assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
@@ -397,7 +397,7 @@ def test_connection_dropped_mid_trial_is_retried_then_failed_and_the_sweep_goes_
     emu.die_after(0.5, match=["llama-bench"])
     res = jbench_cli([*common, "model.quant=Q4_0,Q8_0", "sweep.connection_retries=0"],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 4, res.stdout + res.stderr
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].info.status == "FAILED" and "lost the SSH connection" in trials[0].data.tags["jbench.failure_reason"]
     assert trials[0].data.tags["jbench.failure_category"] == "connection_lost"

@@ -11,11 +11,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from jbench.config import available_choices
-from jbench.config import ThermalConfig
+from jbench.core.schema import ThermalConfig
 from jbench.device.thermal import thermal_gate
 from jbench.sweeps.plan import plan
 from jbench.sweeps.sweep import _oom_key, _skipped
-from jbench.trial import Trial
+from jbench.core.trial import Trial
 
 from .conftest import jbench_cli
 
@@ -203,7 +203,7 @@ def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_
                       "backend.depth=0,2048,4096", "backend.n_prompt=8", "backend.n_gen=2", "backend.repetitions=1",
                       "model.quant=Q4_0", "telemetry.source=none", "thermal.start_below_c=null"],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 4, res.stdout + res.stderr
     client = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
     trials = {r.data.params["backend.depth"]: r for r in runs if r.data.tags.get("jbench.kind") == "trial"}

@@ -51,9 +51,10 @@ import numpy as np
 import pandas as pd
 
 from jbench.analysis.compare import CONFIG_HASH, _fmt, _fmt_p, _jsonable, finished_trials
-from jbench.analysis.regress import EXIT_NO_VERDICT, EXIT_REGRESSION, FINGERPRINT_TAGS as PAIRWISE_FINGERPRINT
+from jbench.analysis.regress import FINGERPRINT_TAGS as PAIRWISE_FINGERPRINT
 from jbench.analysis.regress import environment_changes
 from jbench.analysis.stats import t_ppf
+from jbench.core.exitcodes import ExitCode
 
 __all__ = ["METRICS", "FINGERPRINT_TAGS", "DetectorSettings", "DEFAULT_SETTINGS", "Night", "Series", "Change",
            "SeriesResult", "HistoryReport", "HistoryError", "build_series", "detect_changes", "judge", "history",
@@ -395,9 +396,9 @@ class HistoryReport:
     @property
     def exit_code(self) -> int:
         if any(r.verdict == REGRESSION and r.confirmed is not False for r in self.results):
-            return EXIT_REGRESSION
+            return ExitCode.FAILED
         if not self.results or any(r.verdict == NO_VERDICT for r in self.results):
-            return EXIT_NO_VERDICT
+            return ExitCode.NO_VERDICT
         return 0
 
     def alarms(self) -> list[SeriesResult]:
@@ -406,7 +407,7 @@ class HistoryReport:
 
     @property
     def verdict_reason(self) -> str:
-        if self.exit_code != EXIT_NO_VERDICT:
+        if self.exit_code != ExitCode.NO_VERDICT:
             return ""
         if not self.results:
             return "no configuration to check"
@@ -430,7 +431,7 @@ class HistoryReport:
             "mode": "history",
             "settings": self.settings.__dict__,
             "exit_code": self.exit_code,
-            "verdict": {EXIT_REGRESSION: "regression", EXIT_NO_VERDICT: "no verdict"}.get(self.exit_code, "pass"),
+            "verdict": {ExitCode.FAILED: "regression", ExitCode.NO_VERDICT: "no verdict"}.get(self.exit_code, "pass"),
             "no_verdict_reason": self.verdict_reason,
             "counts": self.counts(),
             "series": [{"unit": r.series.unit, "config_hash": r.series.config_hash, "label": r.series.label,
@@ -443,8 +444,8 @@ class HistoryReport:
         }
 
     def to_markdown(self) -> str:
-        head = {EXIT_REGRESSION: "FAIL: performance regression on " + ", ".join(self.regressed_units),
-                EXIT_NO_VERDICT: f"NO VERDICT: {self.verdict_reason}"}.get(self.exit_code, "OK: no regression")
+        head = {ExitCode.FAILED: "FAIL: performance regression on " + ", ".join(self.regressed_units),
+                ExitCode.NO_VERDICT: f"NO VERDICT: {self.verdict_reason}"}.get(self.exit_code, "OK: no regression")
         s = self.settings
         counts = self.counts()
         lines = [

@@ -65,13 +65,12 @@ from jbench.analysis.compare import (
     normalize_samples,
 )
 from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
+from jbench.core.exitcodes import ExitCode
 
 __all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck", "ConfigResult", "NoData",
            "RegressError", "RegressReport", "regress",
-           "EXIT_REGRESSION", "EXIT_NO_VERDICT"]
+           "ExitCode.FAILED", "ExitCode.NO_VERDICT"]
 
-EXIT_REGRESSION = 1
-EXIT_NO_VERDICT = 3  # the same code as jbench.cli.EXIT_NO_VERDICT (docs/cli.md)
 
 FINGERPRINT_TAGS = ("jetson.jetpack", "jetson.l4t", "backend.build_commit", "model.sha256", "host.kernel")
 # The code under test: a difference here is reported as the suspect, and the change is still judged (it is what a
@@ -169,15 +168,15 @@ class RegressReport:
     @property
     def exit_code(self) -> int:
         if any(r.counts_as_regression for r in self.results):
-            return EXIT_REGRESSION
+            return ExitCode.FAILED
         if not self.results or any(r.status == INSUFFICIENT for r in self.results):
-            return EXIT_NO_VERDICT
+            return ExitCode.NO_VERDICT
         return 0
 
     @property
     def verdict_reason(self) -> str:
         """Why there is no verdict ("" when there is one)."""
-        if self.exit_code != EXIT_NO_VERDICT:
+        if self.exit_code != ExitCode.NO_VERDICT:
             return ""
         if not self.results:
             return "no configuration to check"
@@ -215,7 +214,7 @@ class RegressReport:
             "baseline": self.baseline,
             "rule": {"alpha": self.alpha, "min_change": self.min_change, "noise_factor": self.noise_factor},
             "exit_code": self.exit_code,
-            "verdict": {EXIT_REGRESSION: "regression", EXIT_NO_VERDICT: "no verdict"}.get(self.exit_code, "pass"),
+            "verdict": {ExitCode.FAILED: "regression", ExitCode.NO_VERDICT: "no verdict"}.get(self.exit_code, "pass"),
             "no_verdict_reason": self.verdict_reason,
             "counts": self.counts(),
             "configurations": [
@@ -230,8 +229,8 @@ class RegressReport:
 
     def to_markdown(self) -> str:
         counts = self.counts()
-        head = {EXIT_REGRESSION: "FAIL: performance regression",
-                EXIT_NO_VERDICT: f"NO VERDICT: {self.verdict_reason}"}.get(self.exit_code, "OK: no regression")
+        head = {ExitCode.FAILED: "FAIL: performance regression",
+                ExitCode.NO_VERDICT: f"NO VERDICT: {self.verdict_reason}"}.get(self.exit_code, "OK: no regression")
         lines = [
             f"# jbench regress: {head}",
             "",

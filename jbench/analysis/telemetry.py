@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from jbench.results import Finding
+from jbench.core.results import Finding
 from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
 
 

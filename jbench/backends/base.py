@@ -13,10 +13,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from jbench import registry
+from jbench.core import registry
 from jbench.device.connection import CommandResult, Connection
-from jbench.results import BackendResult
-from jbench.trial import Trial
+from jbench.core.results import BackendResult
+from jbench.core.trial import Trial
 
 
 class BackendError(Exception):
@@ -156,20 +156,6 @@ def size_problems(cfg: dict) -> list[str]:
     if cfg["repetitions"] < 1:
         problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
     return problems
-
-
-def backend_schemas() -> dict[str, type]:
-    """name -> config dataclass of every registered backend that imports; a broken third-party
-    backend is left out with a warning instead of breaking every command."""
-    import logging
-
-    out = {}
-    for name in registry.targets(registry.BACKENDS):
-        try:
-            out[name] = backend_class(name).CONFIG
-        except Exception as exc:  # ImportError, AttributeError from a plugin
-            logging.getLogger("jbench").warning("backend '%s' is registered but cannot be loaded: %s", name, exc)
-    return out
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -9,8 +9,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from jbench.cli import (EXIT_NO_VERDICT, _OVERRIDES, _config_dir_option, _fail, common_options, console,
+from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, common_options, console,
                         err_console, main)
+from jbench.core.exitcodes import ExitCode
 
 HELP = """Find the first bad llama.cpp build for a failing configuration (OVERRIDES, as for `jbench run`).
 
@@ -64,7 +65,7 @@ Example:
 def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Optional[str], good: Optional[str],
            bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
            jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
-    from jbench.bisect import BisectError, Bisector, builds_from_repo, dir_builds
+    from jbench.sweeps.bisect import BisectError, Bisector, builds_from_repo, dir_builds
     from jbench.cli.run import _sigterm_as_interrupt, _with_results_dir
     from jbench.config import ConfigError, check_overrides, user_config_dirs
 
@@ -97,7 +98,7 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted: the bisect run is recorded as KILLED[/]")
-        raise click.exceptions.Exit(130) from None
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
 
     table = Table(box=box.SIMPLE_HEAD)
     for col in ("step", "build", "dir", "commit", "reps", metric, "verdict"):
@@ -117,4 +118,4 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
         click.echo(f"FIRST BAD: build {result.first_bad}: {fb.label} (commit {commit or 'unknown'})")
         return
     click.echo(f"NO VERDICT: {result.message}", err=True)
-    raise click.exceptions.Exit(EXIT_NO_VERDICT)
+    raise click.exceptions.Exit(ExitCode.NO_VERDICT)

@@ -7,7 +7,8 @@ from typing import Optional
 import click
 from rich.table import Table
 
-from jbench.cli import common_options, EXIT_FAILED_TRIALS, _config_dir_option, _fail, console, main
+from jbench.cli.app import common_options, _config_dir_option, _fail, console, main
+from jbench.core.exitcodes import ExitCode
 
 
 def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
@@ -91,7 +92,7 @@ def devices_check(names, config_dirs) -> None:
         failed |= worst(checks) == "fail"
         console.print(_checks_table(f"device {name}", checks))
     if failed:
-        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+        raise click.exceptions.Exit(ExitCode.FAILED)
 
 
 @devices.command("restore")
@@ -127,7 +128,7 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
         raise _fail(str(exc)) from None
     if not done:
         console.print(f"[red]device '{name}' is not fully restored[/] (see the log above); the state file stays")
-        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+        raise click.exceptions.Exit(ExitCode.FAILED)
     console.print(f"device '{name}': restored to its recorded original power state")
 
 
@@ -150,7 +151,7 @@ def doctor(device_name: str, config_dirs) -> None:
         raise _fail(str(exc)) from None
     console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile['module']})" if profile else ""), checks))
     if worst(checks) == "fail":
-        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+        raise click.exceptions.Exit(ExitCode.FAILED)
 
 
 @main.command()

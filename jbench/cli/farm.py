@@ -11,7 +11,8 @@ from typing import Optional
 import click
 from rich.table import Table
 
-from jbench.cli import _config_dir_option, _fail, common_options, console, main
+from jbench.core.exitcodes import ExitCode
+from jbench.cli.app import _config_dir_option, _fail, common_options, console, main
 
 _coordinator_option = click.option(
     "--coordinator", envvar="LG_COORDINATOR", default=None, metavar="HOST:PORT",
@@ -88,7 +89,7 @@ def farm_list(coordinator, tags, config_dirs) -> None:
     """List the places (optionally those matching --tag) with their tags, holder and health."""
     from jbench.farm import places as P
     from jbench.farm.coordinator import iter_places
-    from jbench.farm.lease import heartbeat_age
+    from jbench.farm.reservation import heartbeat_age
 
     selector = _selector(tags)
     with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
@@ -202,7 +203,7 @@ def farm_reserve(tags, count, priority, timeout_s, sweep_id, no_health_check, he
                 time.sleep(3600)
     except KeyboardInterrupt:
         click.echo("released", err=True)
-        raise click.exceptions.Exit(130) from None
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     except (CoordinatorError, FarmError) as exc:
         raise _fail(str(exc)) from None
 
@@ -274,7 +275,7 @@ def farm_unquarantine(place, coordinator, config_dirs) -> None:
 @_config_dir_option
 def farm_reap(stale_after_s, coordinator, config_dirs) -> None:
     """Release places whose jbench holder stopped heart-beating (run it from cron)."""
-    from jbench.farm.lease import reap
+    from jbench.farm.reservation import reap
 
     cfg = _farm_config(config_dirs)
     with _Session(_address(coordinator, cfg)) as coord:

@@ -7,7 +7,8 @@ from typing import Optional
 import click
 from rich.markup import escape
 
-from jbench.cli import _OVERRIDES, _config_dir_option, _fail, common_options, console, err_console, main
+from jbench.cli.app import _OVERRIDES, _config_dir_option, _fail, common_options, console, err_console, main
+from jbench.core.exitcodes import ExitCode
 
 HELP = """Lease, run the nightly experiment on every unit of DEVICE_CLASS, regress, report, release.
 
@@ -71,8 +72,8 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
             confirm_pairs: int, confirm_alpha: float, confirm_threshold: float,
             results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.run import _sigterm_as_interrupt
-    from jbench.analysis.confirm import ConfirmSettings
-    from jbench.nightly import EXIT_NO_VERDICT, Nightly, NightlyError
+    from jbench.analysis.paired import ConfirmSettings
+    from jbench.sweeps.nightly import Nightly, NightlyError
 
     try:
         job = Nightly(device_class, experiment=experiment, baseline=baseline, mode=mode, overrides=list(overrides),
@@ -102,10 +103,10 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted: the running trials and the sweep are recorded as KILLED; "
                           "the devices were released[/]")
-        raise click.exceptions.Exit(130) from None
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     click.echo(result.markdown, nl=False)  # never hard-wrapped, in a pipe either
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
-    if result.exit_code == EXIT_NO_VERDICT:
+    if result.exit_code == ExitCode.NO_VERDICT:
         click.echo(f"NO VERDICT: {result.no_verdict_reason}", err=True)
     raise click.exceptions.Exit(result.exit_code)

@@ -20,8 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jbench.cli import (EXIT_FAILED_TRIALS, EXIT_USER_ERROR, _OVERRIDES, _config_dir_option, _fail, common_options,
+from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, common_options,
                         console, err_console, main)
+from jbench.core.exitcodes import ExitCode
 
 OUTPUT_FORMATS = ("table", "md", "csv", "json", "jsonl")
 RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
@@ -350,7 +351,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
                    + f" {len(plan_.problems)} problem(s) in the sweep; nothing was run:", err=True)
         for p in plan_.problems:
             click.echo(f"  - {p}", err=True)
-        raise click.exceptions.Exit(EXIT_USER_ERROR)
+        raise click.exceptions.Exit(ExitCode.BAD_INPUT)
     if not plan_.trials:
         raise _fail("the sweep has no trials")
     _check_store_uri(plan_)
@@ -361,7 +362,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     notes_shown = len(plan_.notes)
     keys = varying_keys(plan_.trials)
     if dry_run:
-        from jbench.trial import resume_key
+        from jbench.core.trial import resume_key
 
         history = _history(plan_)
         known = 0.0
@@ -417,7 +418,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         except KeyboardInterrupt:
             progress.stop()
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
-            raise click.exceptions.Exit(130) from None
+            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     if fmt == "table":
         console.print(_summary_table(result))
     else:
@@ -438,7 +439,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
                       f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
-        raise click.exceptions.Exit(EXIT_FAILED_TRIALS)
+        raise click.exceptions.Exit(ExitCode.TRIALS_FAILED)
 
 
 def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_grid: bool) -> None:

@@ -7,7 +7,7 @@ import sys
 import click
 from rich.table import Table
 
-from jbench.cli import common_options, _config_dir_option, _fail, console, err_console, main
+from jbench.cli.app import common_options, _config_dir_option, _fail, console, err_console, main
 
 
 @main.command()
@@ -25,12 +25,17 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
     import json
 
     from jbench.analysis.roofline import RooflineError
-    from jbench.config import ConfigError
+    from jbench.config import ConfigError, user_config_dirs
     from jbench.reporting.roofline import roofline_figures
 
     try:
-        fig = roofline_figures(model_name, quant=quant, depth=depth, kv_type=kv_type, device_name=device_name,
-                               bandwidth_gbs=bandwidth_gbs, config_dirs=list(config_dirs))
+        dirs = user_config_dirs(list(config_dirs))
+        path = _model_path(model_name, quant, dirs)
+        source = "--bandwidth-gbs"
+        if bandwidth_gbs is None and device_name:
+            bandwidth_gbs, source = _device_bandwidth(device_name, dirs)
+        fig = roofline_figures(path, quant=quant, depth=depth, kv_type=kv_type, bandwidth_gbs=bandwidth_gbs,
+                               bandwidth_source=source)
     except (RooflineError, ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
@@ -46,6 +51,41 @@ def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_j
             value = f"{value:,}"
         table.add_row(key, str(value))
     console.print(table)
+
+
+def _model_path(model: str, quant, dirs) -> str:
+    """A GGUF path as given, or the file of a model config entry (and quant)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from jbench.config import compose
+    from jbench.models.store import ModelError, resolve_model_file
+
+    if model.endswith(".gguf") or Path(model).is_file():
+        return model
+    cfg, _ = compose([f"model={model}"] + ([f"model.quant={quant}"] if quant else []), dirs)
+    try:
+        path, _ = resolve_model_file(OmegaConf.to_container(cfg.model, resolve=True))
+    except ModelError as exc:
+        raise ValueError(str(exc)) from None
+    return path
+
+
+def _device_bandwidth(device_name: str, dirs) -> tuple[float, str]:
+    """A device entry's read bandwidth (calibration, else its profile's datasheet figure) and its source."""
+    from omegaconf import OmegaConf
+
+    from jbench.config import compose, load_profile
+    from jbench.device.bandwidth import device_bandwidth
+
+    cfg, _ = compose([f"device={device_name}"], dirs)
+    device = OmegaConf.to_container(cfg.device, resolve=True)
+    profile = load_profile(device["profile"], dirs) if device.get("profile") else None
+    bw = device_bandwidth(device, profile)
+    if bw.gbs is None:
+        raise ValueError(bw.source)
+    return bw.gbs, bw.source
 
 
 @main.group()
@@ -105,12 +145,15 @@ def trace_analyze(path, bandwidth_gbs, profile, decode_tps, prefill_tps, n_decod
 
     from jbench.backends.engine.trace import TraceError
     from jbench.backends.engine.backend import trace_analyze_command
-    from jbench.config import user_config_dirs
+    from jbench.config import ConfigError, load_profile, user_config_dirs
 
+    source = None
     try:
+        if bandwidth_gbs is None and profile:
+            bandwidth_gbs = load_profile(profile, user_config_dirs(list(config_dirs))).get("memory_bandwidth_gbs")
+            source = f"profile {profile}"
         text, data = trace_analyze_command(path, bandwidth_gbs, decode_tps, prefill_tps=prefill_tps,
-                                           n_decode_tokens=n_decode_tokens, profile=profile,
-                                           config_dirs=user_config_dirs(list(config_dirs)))
-    except TraceError as exc:
+                                           n_decode_tokens=n_decode_tokens, bandwidth_source=source)
+    except (TraceError, ConfigError) as exc:
         raise _fail(str(exc)) from None
     click.echo(json.dumps(data, indent=2, default=str) if as_json else text)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from jbench import paths
+from jbench.core import paths
 from jbench.device import ondevice
 from jbench.device.connection import Connection
 

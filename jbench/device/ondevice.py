@@ -7,7 +7,7 @@ import hashlib
 from importlib import resources
 from typing import Optional
 
-from jbench import paths
+from jbench.core import paths
 from jbench.device.connection import Connection
 
 __all__ = ["BuildError", "build", "c_compiler", "first_tool", "probe_dir", "probe_source"]

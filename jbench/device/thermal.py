@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Optional
 
-from jbench.config import ThermalConfig
+from jbench.core.schema import ThermalConfig
 from jbench.device.connection import Connection
 
 # Constant script; thermal zones report milli-degrees C; offline sensors (-256 C and the like) are ignored.

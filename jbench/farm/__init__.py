@@ -8,7 +8,7 @@
 """
 
 from jbench.farm.coordinator import CoordinatorError
-from jbench.farm.lease import FarmBusy, FarmLease, lease, reap
+from jbench.farm.reservation import FarmBusy, FarmLease, lease, reap
 from jbench.farm.places import FarmError
 
 __all__ = ["CoordinatorError", "FarmBusy", "FarmError", "FarmLease", "lease", "reap"]

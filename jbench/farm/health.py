@@ -25,7 +25,7 @@ def quick_check(device: dict, place: PlaceInfo) -> Optional[str]:
     from jbench.device.connection import DeviceError
     from jbench.device.doctor import check_device
     from jbench.device.jetson import jetson_fingerprint
-    from jbench.config import DevicePaths
+    from jbench.core.schema import DevicePaths
     from dataclasses import asdict
 
     try:

@@ -14,7 +14,7 @@ Public API
     ModelFacts.kv_arch() -> dict
         What the sweep planner needs (jbench.models.gguf.kv_arch returns this): architecture,
         context_length, n_layer, n_embd, n_head, n_head_kv, head_dim, head_dim_v, file_type.
-    ModelFacts.gguf_model() -> jbench.analysis.roofline.GGUFModel
+    ModelFacts.gguf_model() -> jbench.models.types.GGUFModel
         What the roofline needs: ModelArch (with sliding-window layers), tensor table, file type.
     read_gguf_header(path) -> GGUFModel
         model_facts(path).gguf_model(), with every failure raised as RooflineError naming the file.
@@ -52,29 +52,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from jbench import paths
+from jbench.core import paths
 from jbench.models import gguf as _gguf
 from jbench.models.gguf import GGUFMetaError
+
+from jbench.models.types import (OUTPUT_TENSOR, SWA_DEFAULT_WINDOW, SWA_PATTERNS, TOKEN_EMBD_TENSOR, GGUFModel, ModelArch, RooflineError, TensorInfo,
+                                 ggml_type, swa_layers_from_pattern, tensor_bytes)
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-    from jbench.analysis.roofline import GGUFModel, ModelArch, TensorInfo
 
 log = logging.getLogger("jbench")
 
 # Bump when the cached layout or the set of cached keys changes: older entries are then rewritten.
 FACTS_VERSION = 1
 
-TOKEN_EMBD_TENSOR = "token_embd.weight"
-OUTPUT_TENSOR = "output.weight"
-
-# Which layers slide, for architectures whose GGUF does not say (llama.cpp hard-codes these in
-# llama-model.cpp via hparams.set_swa_pattern(n): layer il slides iff il % n < n - 1, i.e. every
-# n-th layer is full attention).
-SWA_PATTERNS: dict[str, int] = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
-# Gemma 2 GGUFs may omit the window; llama.cpp then uses 4096.
-SWA_DEFAULT_WINDOW: dict[str, int] = {"gemma2": 4096}
 _VOCAB_KEY = "tokenizer.ggml.tokens"
 _GENERAL_KEYS = ("general.architecture", "general.name", "general.file_type")
 # Arrays up to this length keep their values (as jbench.models.gguf does); longer ones their length.
@@ -210,7 +203,6 @@ class ModelFacts:
     def model_arch(self) -> tuple["ModelArch", tuple[str, ...]]:
         """The roofline's ModelArch, and notes on what it could not model. Stricter than kv_arch:
         every count must be a single integer and head_count_kv and feed_forward_length present."""
-        from jbench.analysis.roofline import ModelArch, swa_layers_from_pattern
 
         arch_name = self._arch_or_raise()
         n_layer = self._require_int("block_count")
@@ -266,7 +258,6 @@ class ModelFacts:
 
     def tensor_infos(self) -> tuple["TensorInfo", ...]:
         """The tensor table with exact byte sizes (from the gguf package's block sizes)."""
-        from jbench.analysis.roofline import TensorInfo, ggml_type, tensor_bytes
 
         out = []
         for name, dims, type_id in self.tensors:
@@ -278,7 +269,6 @@ class ModelFacts:
     def gguf_model(self, tensors: Optional[tuple["TensorInfo", ...]] = None) -> "GGUFModel":
         """The roofline's view of the file (tensors: a table read elsewhere, else this one's).
         Raises GGUFMetaError naming a missing or malformed key."""
-        from jbench.analysis.roofline import GGUFModel
 
         arch, notes = self.model_arch()
         file_type = self._optional_int("general.file_type")
@@ -417,7 +407,6 @@ def clear_memory_cache() -> None:
 def read_gguf_header(path: Union[str, os.PathLike]) -> "GGUFModel":
     """Architecture and tensor table of a GGUF file from its (cached) header facts: the same model
     as read_gguf in milliseconds. Raises RooflineError naming the file, key or value."""
-    from jbench.analysis.roofline import RooflineError
 
     path_str = os.fspath(path)
     try:
@@ -474,7 +463,6 @@ def read_gguf(path: Union[str, os.PathLike, "GGUFReader"]) -> "GGUFModel":
     cross-checks. Also takes an open GGUFReader, so a caller that has one does not parse twice."""
     from gguf import GGUFReader
 
-    from jbench.analysis.roofline import RooflineError, TensorInfo, ggml_type
 
     if isinstance(path, GGUFReader):
         reader = path

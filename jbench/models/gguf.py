@@ -9,7 +9,7 @@ vocabulary is skipped in tens of milliseconds instead of one seek per string. Va
 the GGUF spec (the same numbering as gguf.GGUFValueType, which the tests check).
 
 Most callers want jbench.models.facts.model_facts(path): the facts derived from this header,
-cached on disk across processes. `kv_arch` here is served from that cache.
+cached on disk across processes (jbench.models.facts: `model_facts(path).kv_arch()`).
 """
 
 from __future__ import annotations
@@ -192,12 +192,3 @@ def header(path: str | Path) -> tuple[dict[str, Any], tuple]:
 def scalars(path: str | Path) -> dict[str, Any]:
     """Every scalar/string metadata value (and short arrays); long arrays only as `<key>.__len__`."""
     return header(path)[0]
-
-
-def kv_arch(path: str | Path) -> dict[str, Any]:
-    """The fields the planner needs: architecture, context length, layers, heads, head dims,
-    file type. Served from the cross-process facts cache (jbench.models.facts); raises
-    GGUFMetaError naming a missing key, OSError for a file that cannot be opened."""
-    from jbench.models.facts import model_facts
-
-    return model_facts(path).kv_arch()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from jbench import paths
+from jbench.core import paths
 from jbench.models.store import load_manifest, save_manifest, sha256_file, store_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from jbench import paths
+from jbench.core import paths
 
 
 class ModelError(Exception):

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
-from jbench.trial import Trial, context_tokens
-from jbench.identity import config_hash
+from jbench.core.trial import Trial, context_tokens
+from jbench.core.identity import config_hash
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
 
@@ -598,7 +598,7 @@ def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> li
 
 def _registered_names_problems(config: dict) -> list[str]:
     """Names that select a plug-in (telemetry.source) must name a registered one; a wall meter section must be usable."""
-    from jbench import registry
+    from jbench.core import registry
 
     source = (config.get("telemetry") or {}).get("source")
     sources = registry.targets(registry.SAMPLERS)

@@ -2,7 +2,7 @@
 
 A Sweep owns what lives as long as the sweep: the device connections, their fingerprints and power
 strategies, one backend instance per backend config, the tracker. Each trial is a TrialContext passed
-through the stage list (jbench.sweeps.stages). A trial that fails (backend crash, unparseable output,
+through the stage list (jbench.runner.stages). A trial that fails (backend crash, unparseable output,
 timeout, missing file, lost connection after retries) becomes a FAILED run with its category and logs,
 and the sweep goes on. Ctrl-C marks the current trial and the sweep KILLED before re-raising; the power
 state of every device is restored whatever happens.
@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import yaml
 
-from jbench import __version__, git_sha
+from jbench.core.provenance import JBENCH_VERSION as __version__, git_sha
 from jbench.backends.base import Backend, BackendError, backend_class
 from jbench.device.connect import connect
 from jbench.device.connection import Connection, ConnectionLost, DeviceError
@@ -33,12 +33,13 @@ from jbench.device.jetson import jetson_fingerprint
 from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.results import Category, Finding, Result, Status
-from jbench.sweeps.context import TrialContext, TrialLog, typed_config
+from jbench.core.results import Category, Finding, Result, Status
+from jbench.runner.context import TrialContext, TrialLog, typed_config
 from jbench.sweeps.plan import Plan
-from jbench.sweeps.stages import Stage, default_stages
-from jbench.identity import HASH_VERSION, identity_params, model_digest, trial_identity
-from jbench.trial import Trial, resume_key
+from jbench.runner.stages import Stage, default_stages
+from jbench.core.identity import HASH_VERSION, identity_params, trial_identity
+from jbench.models.digest import model_digest
+from jbench.core.trial import Trial, resume_key
 
 log = logging.getLogger("jbench")
 

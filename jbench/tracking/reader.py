@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
 from jbench.tracking.common import is_remote, resolve_uri, server_problem
-from jbench.trial import resume_key
+from jbench.core.trial import resume_key
 
 
 # The trial's identity keys that every reader selects and groups on (`tags.model.quant` ...). Trials record
@@ -396,7 +396,8 @@ def with_current_hashes(df):
     no `jbench.hash_version` tag) are identified again from their params and tags (jbench.identity.run_hashes).
     A row that cannot be recomputed (no params) keeps its recorded config hash; its identity is missing.
     What a run recorded is kept in `tags.jbench.config_hash_recorded`."""
-    from jbench.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
+    from jbench.core.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
+    from jbench.models.digest import unchanged_local_digest
 
     out = df.copy()
     hashes = out["tags.jbench.config_hash"] if "tags.jbench.config_hash" in out else None
@@ -415,7 +416,7 @@ def with_current_hashes(df):
         for j, i in enumerate(need):
             params = {k: v[j] for k, v in param_cols.items() if isinstance(v[j], str)}
             tags = {k: v[j] for k, v in tag_cols.items() if isinstance(v[j], str)}
-            chash, ident = run_hashes(params, tags, start_time_ms=starts[j])
+            chash, ident = run_hashes(params, tags, start_time_ms=starts[j], local_digest=unchanged_local_digest)
             if chash is not None:
                 config[i] = chash
             identity[i] = ident

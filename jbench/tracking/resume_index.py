@@ -14,7 +14,7 @@ import sqlite3
 from typing import Optional
 from urllib.parse import unquote
 
-from jbench.trial import resume_key
+from jbench.core.trial import resume_key
 
 # The tables and columns read here, checked before any query.
 _NEEDS = {

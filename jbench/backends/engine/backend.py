@@ -29,8 +29,8 @@ from jbench.backends.engine.trace import (LogPatterns, ParsedTrace, PhaseLine, T
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.results import BackendResult, PhaseResult
-from jbench.trial import Trial, context_tokens
+from jbench.core.results import BackendResult, PhaseResult
+from jbench.core.trial import Trial, context_tokens
 from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 # --------------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ class EngineBackend(Backend):
 
     def build_id(self, conn: Connection) -> Optional[str]:
         """SHA-256 of the engine binary on the device (hashed once per file version, jbench.identity)."""
-        from jbench.identity import file_digest
+        from jbench.models.digest import file_digest
 
         binary = self.config.get("binary")
         if not binary:
@@ -625,32 +625,21 @@ def _patterns(cfg: dict) -> LogPatterns:
 
 def trace_analyze_command(path: str, bandwidth_gbs: Optional[float] = None, decode_tps: Optional[float] = None, *,
                           prefill_tps: Optional[float] = None, n_decode_tokens: Optional[int] = None,
-                          profile: Optional[str] = None, hints: Optional[dict] = None,
-                          patterns: Optional[dict] = None, config_dirs: Optional[list] = None) -> tuple[str, dict]:
+                          bandwidth_source: Optional[str] = None, hints: Optional[dict] = None,
+                          patterns: Optional[dict] = None) -> tuple[str, dict]:
     """What `jbench trace analyze FILE` prints and its JSON form: (summary text, report dict).
 
     FILE is an engine's saved output (plain log, JSON lines or a raw/stdout.txt artifact; leading
-    timestamps are fine). bandwidth_gbs (GB/s) gives the ceiling; without it, profile (a module profile
-    name such as orin_nano_8gb) supplies its memory_bandwidth_gbs. decode_tps / prefill_tps override the
+    timestamps are fine). bandwidth_gbs (GB/s) gives the ceiling, bandwidth_source says where it came from
+    (default "--bandwidth"; the CLI names a profile's datasheet figure). decode_tps / prefill_tps override the
     log's rates. Raises TraceError with a one-line message for any user error (unreadable file, no engine
-    lines, unknown profile, bad hint or pattern): the CLI prints it and exits 2.
+    lines, bad bandwidth, hint or pattern): the CLI prints it and exits 2.
     """
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    source = None
-    if bandwidth_gbs is None and profile:
-        from jbench.config import ConfigError, load_profile
-
-        try:
-            prof = load_profile(profile, config_dirs)
-        except ConfigError as exc:
-            raise TraceError(str(exc)) from None
-        bandwidth_gbs = prof.get("memory_bandwidth_gbs")
-        source = f"profile {profile}"
-    elif bandwidth_gbs is not None:
-        source = "--bandwidth"
+    source = (bandwidth_source or "--bandwidth") if bandwidth_gbs is not None else None
     if bandwidth_gbs is not None and (not isinstance(bandwidth_gbs, (int, float)) or bandwidth_gbs <= 0):
         raise TraceError(f"bandwidth must be a positive number of GB/s, got {bandwidth_gbs!r}")
     lp = _patterns({"patterns": patterns or {}})

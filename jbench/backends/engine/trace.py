@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from jbench.results import Finding
+from jbench.core.results import Finding
 from jbench.analysis.roofline import RooflineError, decode_ceiling, ggml_type, tensor_bytes
 
 SEVERITY_INFO = "info"

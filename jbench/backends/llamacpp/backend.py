@@ -20,8 +20,8 @@ from typing import List, Optional
 from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
-from jbench.trial import Trial
-from jbench.results import BackendResult
+from jbench.core.trial import Trial
+from jbench.core.results import BackendResult
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems

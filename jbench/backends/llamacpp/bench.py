@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from jbench.results import PhaseResult
+from jbench.core.results import PhaseResult
 
 # --------------------------------------------------------------------------------------------
 # Parsing (pure functions)

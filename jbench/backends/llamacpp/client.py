@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 
 
 from jbench.analysis.stats import percentile
-from jbench.results import PhaseResult
+from jbench.core.results import PhaseResult
 from jbench.backends.base import BackendError
 
 

@@ -43,8 +43,8 @@ from typing import Any, List, Optional
 
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.results import BackendResult, PhaseResult
-from jbench.trial import Trial
+from jbench.core.results import BackendResult, PhaseResult
+from jbench.core.trial import Trial
 from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,

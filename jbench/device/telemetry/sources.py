@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
-from jbench import registry
+from jbench.core import registry
 from jbench.device.connection import Connection
 from jbench.device.telemetry.hwmon import HWMON_DEFAULT_INTERVAL_MS, SysfsSampler
 from jbench.device.telemetry.samplers import (

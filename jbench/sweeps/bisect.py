@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from jbench import paths
+from jbench.core import paths
 
 if TYPE_CHECKING:
     from jbench.device.connection import Connection
@@ -468,7 +468,7 @@ class Bisector:
         checked there, its on-device lease taken (one controller at a time), and a requested power state applied
         and verified; on the way out (also Ctrl-C, errors) the power state is restored, the lease released."""
         from jbench.device.connection import DeviceError
-        from jbench.sweeps.stages import power_state_tags
+        from jbench.runner.stages import power_state_tags
         from jbench.sweeps.sweep import PreflightError, Sweep
 
         trial, name = self.trial, self.device["name"]
@@ -552,7 +552,7 @@ class Bisector:
             return self._run_recorded()
 
     def _run_recorded(self) -> BisectResult:
-        from jbench import __version__
+        from jbench.core.provenance import JBENCH_VERSION as __version__
 
         res = BisectResult(self.builds)
         tracker = self._tracker()

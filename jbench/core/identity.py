@@ -42,13 +42,13 @@ import os
 from dataclasses import MISSING
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+from jbench.core import registry
+from jbench.core.registry import backend_schemas
+from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig, _nested_schema, declaration
 
 HASH_VERSION = 2
-
-# Dataclass metadata key: True (identity), False (not), or a scenario name / tuple of scenario names
-# (identity only when the trial's backend.scenario is one of them).
-IDENTITY = "identity"
 
 # Tags a run records (see docs in trial_identity's docstring).
 TAG_VERSION = "jbench.hash_version"
@@ -61,8 +61,6 @@ TAG_MODEL_DIGEST = "jbench.model_digest"
 RUN_TAGS = (TAG_VERSION, TAG_CONFIG_HASH, TAG_IDENTITY, TAG_BUILD, TAG_MODEL_DIGEST, "backend.build_commit",
             "model.sha256", "model.file")
 
-Declaration = Union[bool, str, tuple]
-
 # Config keys renamed since their runs were recorded, hashed under the old name so that every existing
 # run keeps its identity (resume and compare still match it) without a new HASH_VERSION: the model
 # package's published hash was `model.sha256`, a name now kept for the hash of the file benchmarked.
@@ -72,94 +70,18 @@ log = logging.getLogger("jbench")
 
 
 # --------------------------------------------------------------------------------------------
-# Declaring fields
-
-
-def _field(default: Any, default_factory: Any, identity: Declaration, metadata: Optional[dict]):
-    md = dict(metadata or {})
-    md[IDENTITY] = identity
-    if default_factory is not MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=md)
-    return dataclasses.field(default=default, metadata=md)
-
-
-def ident(default: Any = MISSING, *, default_factory: Any = MISSING, scenario: Union[str, tuple, None] = None,
-          metadata: Optional[dict] = None):
-    """A schema field that is part of a trial's identity (in every scenario, or only in `scenario`)."""
-    if scenario is None:
-        declared: Declaration = True
-    else:
-        declared = (scenario,) if isinstance(scenario, str) else tuple(scenario)
-    return _field(default, default_factory, declared, metadata)
-
-
-def nonident(default: Any = MISSING, *, default_factory: Any = MISSING, metadata: Optional[dict] = None):
-    """A schema field that is not part of a trial's identity (paths, time-outs, credentials, tracking...)."""
-    return _field(default, default_factory, False, metadata)
-
-
-def declaration(f: dataclasses.Field) -> Optional[Declaration]:
-    """A field's identity declaration, or None when it has none."""
-    value = f.metadata.get(IDENTITY) if f.metadata else None
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (tuple, list, frozenset, set)) and value and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise TypeError(f"field {f.name}: metadata {IDENTITY}={value!r} must be True, False or scenario name(s)")
-
-
-def undeclared_fields(schema: type, prefix: str = "") -> list[str]:
-    """Fields of a schema (and of its nested dataclasses) that declare nothing or something invalid."""
-    out = []
-    for f in dataclasses.fields(schema):
-        name = f"{prefix}{schema.__name__}.{f.name}"
-        try:
-            if declaration(f) is None:
-                out.append(name)
-        except TypeError as exc:
-            out.append(f"{name} ({exc})")
-        nested = _nested_schema(f)
-        if nested is not None:
-            out += undeclared_fields(nested, prefix=f"{prefix}{schema.__name__}.{f.name}:")
-    return out
-
-
-def _nested_schema(f: dataclasses.Field) -> Optional[type]:
-    """The dataclass a field holds (through its default factory or default), else None."""
-    if f.default_factory is not MISSING:  # type: ignore[misc]
-        try:
-            value = f.default_factory()  # type: ignore[misc]
-        except Exception:
-            return None
-    else:
-        value = f.default
-    if dataclasses.is_dataclass(value):
-        return value if isinstance(value, type) else type(value)
-    return None
-
-
-# --------------------------------------------------------------------------------------------
 # Schemas: the root config and what each section holds
 
 
 def section_schemas() -> dict[str, type]:
     """Schemas of the root config's sections whose JBenchConfig field is typed Any (config groups)."""
-    from jbench.config import DeviceConfig, ModelConfig, TrackingConfig
-
     return {"device": DeviceConfig, "model": ModelConfig, "tracking": TrackingConfig}
 
 
 def all_schemas() -> dict[str, type]:
     """Every schema a trial config is made of: the root, each group's schema and every registered
     backend's CONFIG (what the declaration test walks)."""
-    from jbench import config as c
-    from jbench.backends.base import backend_schemas
-
-    out = {"root": c.JBenchConfig, "profile": c.ProfileConfig, **section_schemas()}
+    out = {"root": JBenchConfig, "profile": ProfileConfig, **section_schemas()}
     out.update({f"backend:{name}": schema for name, schema in backend_schemas().items()})
     return out
 
@@ -214,8 +136,6 @@ def identity_leaves(backend: Optional[str], scenario: Optional[str]) -> tuple[Le
 
     backend None: a backend that cannot be loaded (unknown name, broken plugin); its section is then left
     out here and identity_items_from_flat counts every backend key it has (nothing declares otherwise)."""
-    from jbench.config import JBenchConfig
-
     sections: dict[str, Optional[type]] = dict(section_schemas())
     sections["backend"] = _backend_schema(backend) if backend is not None else None
     out: list[Leaf] = []
@@ -238,18 +158,14 @@ def identity_leaves(backend: Optional[str], scenario: Optional[str]) -> tuple[Le
 @lru_cache(maxsize=1)
 def identity_sections() -> tuple[str, ...]:
     """Top-level config sections that hold identity fields (params outside them never count)."""
-    from jbench.config import JBenchConfig
-
     return tuple(f.name for f in dataclasses.fields(JBenchConfig) if declaration(f) is not False)
 
 
 @lru_cache(maxsize=64)
 def _backend_schema(name: str) -> Optional[type]:
     """A backend's CONFIG, or None when it cannot be loaded (cached: the registry reads entry points)."""
-    from jbench.backends.base import backend_class
-
     try:
-        return backend_class(name).CONFIG
+        return registry.load(registry.BACKENDS, name).CONFIG
     except Exception:  # unknown name or broken plugin: the planner reports it; identity stays computable
         return None
 
@@ -284,7 +200,7 @@ def canonical(value: Any) -> str:
 
 def flat_params(config: Mapping) -> dict[str, str]:
     """A resolved config as the canonical flat strings the runner records as params."""
-    from jbench.trial import flatten
+    from jbench.core.trial import flatten
 
     return {k: canonical(v) for k, v in flatten(dict(config)).items()}
 
@@ -326,7 +242,7 @@ def identity_items_from_flat(flat: Mapping[str, Any], *, strict: bool = True, co
 
 def identity_items(config: Mapping) -> dict[str, str]:
     """The part of a resolved trial config that is its identity, as dotted key -> canonical string."""
-    from jbench.trial import flatten
+    from jbench.core.trial import flatten
 
     sections = {k: config[k] for k in identity_sections() if k in config}  # only these can hold identity
     return identity_items_from_flat(flatten(sections), strict=False, convert=canonical)
@@ -374,7 +290,8 @@ def trial_identity(config: Mapping, *, build: Optional[str], model_digest: Optio
 # Recorded runs (migration on read)
 
 
-def run_hashes(params: Mapping[str, Any], tags: Mapping[str, Any], *, start_time_ms: Optional[float] = None
+def run_hashes(params: Mapping[str, Any], tags: Mapping[str, Any], *, start_time_ms: Optional[float] = None,
+               local_digest: Optional[Callable[[str, Optional[float]], Optional[str]]] = None
                ) -> tuple[Optional[str], Optional[str]]:
     """(config_hash, trial_identity) of a recorded run under the current scheme; None where unknown.
 
@@ -382,7 +299,7 @@ def run_hashes(params: Mapping[str, Any], tags: Mapping[str, Any], *, start_time
     are recomputed from their params (the flattened resolved config) and tags: the build is
     `backend.build_commit` (version 1) or `jbench.build`, the model digest `model.sha256` (bundled models,
     version 1) or `jbench.model_digest`; a version-1 run of a user's model file on the local machine gets
-    that file's digest when the file has not changed since the run started, else its identity is unknown
+    that file's digest (local_digest(path, start_time_ms): jbench.models.digest.unchanged_local_digest) when the file has not changed since the run started, else its identity is unknown
     (it is run again rather than wrongly skipped)."""
     tags = {k: v for k, v in tags.items() if isinstance(v, str)}
     version = tags.get(TAG_VERSION)
@@ -398,102 +315,9 @@ def run_hashes(params: Mapping[str, Any], tags: Mapping[str, Any], *, start_time
         build = tags.get("backend.build_commit")
         digest = tags.get("model.sha256")
         if not digest and flat.get("device.kind") == "local" and tags.get("model.file"):
-            digest = _unchanged_local_digest(tags["model.file"], start_time_ms)
+            digest = local_digest(tags["model.file"], start_time_ms) if local_digest else None
         if not digest:
             return chash, None
     else:
         build, digest = tags.get(TAG_BUILD), tags.get(TAG_MODEL_DIGEST)
     return chash, _trial_digest(items, build, digest)
-
-
-def _unchanged_local_digest(path: str, start_time_ms: Optional[float]) -> Optional[str]:
-    if start_time_ms is None or start_time_ms != start_time_ms:
-        return None
-    try:
-        if os.stat(path).st_mtime * 1000 >= float(start_time_ms):
-            return None  # changed (or written) after the run started: not the file it measured
-        return file_digest(path)
-    except OSError:
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# Model digests
-
-
-def _digest_cache_path() -> Path:
-    from jbench import paths
-
-    return paths.cache_dir() / "digests.json"
-
-
-def _load_cache() -> dict:
-    try:
-        return json.loads(_digest_cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_cache_entry(key: str, entry: dict) -> None:
-    path = _digest_cache_path()
-    try:
-        cache = _load_cache()
-        cache[key] = entry
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError as exc:  # a read-only cache only costs hashing again
-        log.debug("digest cache not written (%s)", exc)
-
-
-def file_digest(path: str, conn: Any = None) -> Optional[str]:
-    """SHA-256 of a file, cached in <cache_dir>/digests.json by (where, path, size, mtime): a file is read
-    once until it changes. conn: the device Connection the path is on (None or a local one: this machine);
-    on a remote device the digest is `sha256sum` run there. None when the file cannot be read."""
-    if conn is None or getattr(conn, "is_local", False):
-        try:
-            real = os.path.realpath(os.path.expanduser(path))
-            st = os.stat(real)
-        except OSError:
-            return None
-        key, stamp = f"local:{real}", [st.st_size, st.st_mtime_ns, st.st_ino]
-    else:
-        res = conn.run(["stat", "-L", "-c", "%s %Y %i", path], timeout=30)
-        if not res.ok:
-            return None
-        key, stamp = f"{getattr(conn, 'name', 'device')}:{path}", res.stdout.split()
-    cached = _load_cache().get(key)
-    if cached and cached.get("stamp") == stamp:
-        return cached["sha256"]
-    if conn is None or getattr(conn, "is_local", False):
-        from jbench.models.store import sha256_file
-
-        try:
-            digest = sha256_file(Path(real))
-        except OSError:
-            return None
-    else:
-        res = conn.run(["sha256sum", "--", path], timeout=1800)
-        if not res.ok or not res.stdout.split():
-            return None
-        digest = res.stdout.split()[0].lower()
-    _save_cache_entry(key, {"stamp": stamp, "sha256": digest})
-    return digest
-
-
-def model_digest(model: Mapping, conn: Any = None) -> Optional[str]:
-    """SHA-256 of a trial's model file (the `model` section of its config).
-
-    A bundled model: the store manifest's SHA-256 (recorded when `jbench setup` made the file; nothing
-    is read). A user's file (model.files / model.path_template): file_digest() of the resolved path on the
-    device. None when the file is not resolved or not readable (the trial then fails as missing_model)."""
-    from jbench.models.store import ModelError, resolve_model_file
-
-    try:
-        path, facts = resolve_model_file(dict(model))
-    except ModelError:
-        return None
-    if facts.get("model.sha256"):
-        return facts["model.sha256"]
-    return file_digest(path, conn)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from jbench.backends.base import Backend, backend_class
-from jbench.config import (
+from jbench.core.schema import (
     DeviceConfig,
     EnergyConfig,
     ModelConfig,
@@ -20,8 +20,8 @@ from jbench.config import (
 )
 from jbench.device.connection import Connection
 from jbench.device.power import PowerStrategy
-from jbench.results import BackendResult, Result
-from jbench.trial import Trial, wants_power_control
+from jbench.core.results import BackendResult, Result
+from jbench.core.trial import Trial, wants_power_control
 
 
 @dataclass

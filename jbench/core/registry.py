@@ -39,3 +39,17 @@ def load(group: str, name: str) -> Any:
         raise KeyError(f"unknown {kind} '{name}'. Valid: {', '.join(sorted(found))}")
     module_name, _, attr = found[name].partition(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+def backend_schemas() -> dict[str, type]:
+    """name -> config dataclass (`CONFIG`) of every registered backend that imports; a broken third-party
+    backend is left out with a warning instead of breaking every command."""
+    import logging
+
+    out = {}
+    for name in targets(BACKENDS):
+        try:
+            out[name] = load(BACKENDS, name).CONFIG
+        except Exception as exc:  # ImportError, AttributeError from a plugin
+            logging.getLogger("jbench").warning("backend '%s' is registered but cannot be loaded: %s", name, exc)
+    return out

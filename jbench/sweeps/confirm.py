@@ -2,11 +2,11 @@
 
 After `jbench nightly` finds regressions (over the history, or with the two-sweep gate while a configuration has
 too few nights for it), each alarmed unit x configuration is measured again before the alarm is reported (on by
-default; `--no-confirm` turns it off). The builds come from the runs (jbench.analysis.confirm.targets): A, the
+default; `--no-confirm` turns it off). The builds come from the runs (jbench.analysis.paired.targets): A, the
 build of the night before the change, and B, the newest night's. They run as one small sweep on that unit alone,
 leased again (farm place or device entry), in the configuration's own power state (applied, verified and restored
 by the sweep as in any sweep), in the order A B A B ... (`pairs` rounds). Each trial is a full measurement of the
-configuration (its repetitions); the pairs go to the paired test (jbench.analysis.confirm.paired_change), whose
+configuration (its repetitions); the pairs go to the paired test (jbench.analysis.paired.paired_change), whose
 verdicts are written back into the report (`settle`).
 
 The runs are recorded in the experiment `<nightly experiment>-confirm` (never in the nightly's own: they would be
@@ -25,13 +25,13 @@ from typing import Any, Callable, Optional
 
 import pandas as pd
 
-from jbench.analysis.confirm import (ConfirmSettings, PairedChange, Skipped, Target, direction, paired_change, settle,
+from jbench.analysis.paired import (ConfirmSettings, PairedChange, Skipped, Target, direction, paired_change, settle,
                                      targets)
 from jbench.analysis.history import HistoryReport
 from jbench.analysis.regress import RegressReport
-from jbench.results import Status
+from jbench.core.results import Status
 from jbench.sweeps.plan import Plan
-from jbench.trial import Trial
+from jbench.core.trial import Trial
 
 log = logging.getLogger("jbench.confirm")
 

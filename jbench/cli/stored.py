@@ -8,7 +8,8 @@ from typing import Optional
 
 import click
 
-from jbench.cli import EXIT_NO_VERDICT, _fail, common_options, console, err_console, main
+from jbench.cli.app import _fail, common_options, console, err_console, main
+from jbench.core.exitcodes import ExitCode
 
 
 def _results_dir(results_dir: Optional[str]) -> str:
@@ -222,7 +223,7 @@ def regress(experiment, mode, baseline, junit_path, md_path, report_dir, results
             result = run_regress(df, _sample_loader(tracker), baseline=baseline or "last")
     except NoData as exc:  # the experiment exists but holds no finished trial run: nothing was tested
         click.echo(f"NO VERDICT: {exc} in experiment '{experiment}'", err=True)
-        raise click.exceptions.Exit(EXIT_NO_VERDICT) from None
+        raise click.exceptions.Exit(ExitCode.NO_VERDICT) from None
     except (RegressError, HistoryError) as exc:
         raise _fail(str(exc)) from None
     md = result.to_markdown()
@@ -238,7 +239,7 @@ def regress(experiment, mode, baseline, junit_path, md_path, report_dir, results
 
         files = build_history_report(result, out_dir=report_dir, title=f"jbench regress: {experiment} history")
         err_console.print(f"report: {files.html_path}", highlight=False)
-    if result.exit_code == EXIT_NO_VERDICT:
+    if result.exit_code == ExitCode.NO_VERDICT:
         click.echo(f"NO VERDICT: {result.verdict_reason}", err=True)
     raise click.exceptions.Exit(result.exit_code)
 

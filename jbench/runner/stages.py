@@ -11,12 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from jbench import registry
+from jbench.core import registry
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
-from jbench.results import Result
-from jbench.sweeps.context import TrialContext
-from jbench.sweeps.measure import measure
+from jbench.core.results import Result
+from jbench.runner.context import TrialContext
+from jbench.runner.measure import measure
 
 
 class Stage(ABC):

@@ -21,8 +21,8 @@ from jbench.device.telemetry.samplers import NoSampler, Sampler
 from jbench.device.telemetry.sources import make_sampler
 from jbench.device.telemetry.wall import (ClockOffset, PtdSampler, WallMeterError, WallSampler, make_wall_sampler,
                                           measure_clock_offset)
-from jbench.results import BackendResult, Finding, PhaseResult, Result
-from jbench.sweeps.context import TrialContext
+from jbench.core.results import BackendResult, Finding, PhaseResult, Result
+from jbench.runner.context import TrialContext
 
 # An energy pass never runs more repetitions than this, however short one repetition is.
 MAX_ENERGY_REPETITIONS = 100_000

@@ -23,20 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jbench.analysis.confirm import ConfirmSettings
+from jbench.analysis.paired import ConfirmSettings
 from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, HistoryReport, history, max_nights
-from jbench.analysis.regress import (EXIT_NO_VERDICT, EXIT_REGRESSION, NoData, RegressError,
+from jbench.analysis.regress import (NoData, RegressError,
                                      RegressReport, regress)
-from jbench.results import Status
+from jbench.core.results import Status
 from jbench.sweeps.plan import Plan
+from jbench.core.exitcodes import ExitCode
 
 log = logging.getLogger("jbench")
 
-EXIT_CLEAN = 0
-EXIT_BAD_INPUT = 2
-EXIT_TRIALS_FAILED = 4
-VERDICTS = {EXIT_CLEAN: "clean", EXIT_REGRESSION: "regression", EXIT_NO_VERDICT: "no verdict",
-            EXIT_TRIALS_FAILED: "trials failed"}
+VERDICTS = {ExitCode.OK: "clean", ExitCode.FAILED: "regression", ExitCode.NO_VERDICT: "no verdict",
+            ExitCode.TRIALS_FAILED: "trials failed"}
 
 
 class NightlyError(Exception):
@@ -47,10 +45,10 @@ def exit_code(regress_code: int, failed_trials: int) -> int:
     """The nightly's code from regress's (0, 1 or 3) and the count of FAILED trials. A regression is a measured
     verdict on the trials that ran, so it wins; failed trials come next (the matrix is incomplete: never green,
     and it outranks "no verdict" because something broke, which a missing baseline does not say)."""
-    if regress_code == EXIT_REGRESSION:
-        return EXIT_REGRESSION
+    if regress_code == ExitCode.FAILED:
+        return ExitCode.FAILED
     if failed_trials:
-        return EXIT_TRIALS_FAILED
+        return ExitCode.TRIALS_FAILED
     return regress_code
 
 
@@ -218,7 +216,7 @@ class Nightly:
             raise NightlyError(f"the farm gave no devices of {self.device_class}; nothing was run: {exc}") from None
         # The devices are released here: whatever regress and report do next, they hold nothing.
         result = NightlyResult(self.device_class, swept.experiment, swept.sweep_id, swept.parent_run_id,
-                               swept.tracking_uri, swept.outcomes, EXIT_NO_VERDICT, notes=list(swept.notes))
+                               swept.tracking_uri, swept.outcomes, ExitCode.NO_VERDICT, notes=list(swept.notes))
         t = made[0] if made else None
         report: Optional[RegressReport] = None
         if t is None or swept.parent_run_id is None:
@@ -235,8 +233,8 @@ class Nightly:
             if df is not None:
                 result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
-        result.exit_code = exit_code(report.exit_code if report else EXIT_NO_VERDICT, len(result.failed))
-        if report is not None and report.exit_code == EXIT_NO_VERDICT:
+        result.exit_code = exit_code(report.exit_code if report else ExitCode.NO_VERDICT, len(result.failed))
+        if report is not None and report.exit_code == ExitCode.NO_VERDICT:
             result.no_verdict_reason = report.verdict_reason
         result.markdown = _markdown(result)
         result.junit_xml = _junit(result)
@@ -276,7 +274,7 @@ class Nightly:
                  say: Callable[[str], None], on_trial_start: Callable[[Any], None],
                  on_trial_end: Callable[[Any], None]) -> list:
         """Each alarm measured again (jbench.confirm); a confirmation that breaks leaves its alarm standing."""
-        from jbench.confirm import confirm
+        from jbench.sweeps.confirm import confirm
 
         say(f"{len(report.alarms())} regression(s): confirming them on their units")
         try:
@@ -352,16 +350,16 @@ def _label(outcome: Any) -> str:
 
 
 def _markdown(result: NightlyResult) -> str:
-    head = {EXIT_CLEAN: "OK: no regression", EXIT_REGRESSION: "FAIL: performance regression on "
-            + ", ".join(result.regressed_units), EXIT_TRIALS_FAILED: f"FAIL: {len(result.failed)} trial(s) failed",
-            EXIT_NO_VERDICT: f"NO VERDICT: {result.no_verdict_reason}"}[result.exit_code]
+    head = {ExitCode.OK: "OK: no regression", ExitCode.FAILED: "FAIL: performance regression on "
+            + ", ".join(result.regressed_units), ExitCode.TRIALS_FAILED: f"FAIL: {len(result.failed)} trial(s) failed",
+            ExitCode.NO_VERDICT: f"NO VERDICT: {result.no_verdict_reason}"}[result.exit_code]
     lines = [f"# jbench nightly {result.device_class}: {head}", "",
              f"Sweep `{result.sweep_id}` (experiment `{result.experiment}`) on {len(result.units)} unit(s): "
              f"{', '.join(result.units) or 'none'}; exit code {result.exit_code} ({result.verdict}).", ""]
     if result.failed:
         lines += ["Failed trials:", ""] + [f"- {o.device or '?'}: {_label(o)}: {o.category}: {o.error}"
                                            for o in result.failed] + [""]
-    if result.exit_code == EXIT_REGRESSION and result.failed:
+    if result.exit_code == ExitCode.FAILED and result.failed:
         lines += [f"Also {len(result.failed)} trial(s) failed (exit code 1 wins over 4).", ""]
     if result.report_html:
         lines += [f"Report: {result.report_html}", ""]
