@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import farm_scale as F  # noqa: E402  (puts the repository on sys.path)
 
 from jbench.sweeps.plan import plan  # noqa: E402
-from jbench.sweeps.sweep import Sweep  # noqa: E402
+from jbench.sweeps.sweep import run_sweep  # noqa: E402
 from jbench.tracking.writer import Tracker  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def main() -> int:
         if p.problems:
             raise SystemExit("\n".join(p.problems))
         t0 = time.time()
-        result = Sweep(p, lambda: Tracker(None, work / "r")).run()
+        result = run_sweep(p, lambda: Tracker(None, work / "r"))
         print(f"sweep: {time.time() - t0:.1f} s wall, {len(result.outcomes)} trials, "
               f"{sum(o.status.value == 'FINISHED' for o in result.outcomes)} FINISHED")
     finally:

@@ -142,14 +142,17 @@ def test_an_environment_change_is_no_alarm_to_confirm():
 def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
     from jbench.analysis.paired import Alarm, BuildRef, Target
     from jbench.sweeps.confirm import BUILD_KEY, confirmation_plan
-    from jbench.sweeps.plan import Plan, Pool
+    from jbench.runner.units import Pool
+    from jbench.core.schema import SweepConfig, TrackingConfig
     from jbench.core.trial import Trial
+    from jbench.sweeps.plan import Plan
 
     config = {"device": {"name": "@orin"}, "backend": {"name": "llamacpp", "repetitions": 5}, "model": {}}
     trials = [Trial(index=i + 1, config=config, choices={}, point={"model.quant": "Q4_0"}, config_hash="h1", round=r,
                     rounds=2) for i, r in enumerate((1, 2))]
     farm = Pool("orin", coordinator="127.0.0.1:20408", selector={"class": "orin"}, count=None)
-    nightly = Plan(trials=trials, tracking={"experiment_name": "nightly"}, sweep={"rounds": 2}, rounds=2, pool=farm)
+    nightly = Plan(trials=trials, tracking=TrackingConfig(experiment_name="nightly"), sweep=SweepConfig(rounds=2),
+                   rounds=2, pool=farm)
     alarm = Alarm("u2", "h1", "Q4_0", ["decode_tps"], "s1", "s2")
     target = Target(alarm, BuildRef("/b/a", "aaa", "s1"), BuildRef("/b/b", "bbb", "s2"), "place-u2")
     p = confirmation_plan(nightly, target, ConfirmSettings(pairs=3), "nightly-confirm")
@@ -158,12 +161,12 @@ def test_the_confirmation_sweep_is_a_b_a_b_on_the_alarmed_unit_alone():
     # The nightly split 5 repetitions over 2 rounds: each confirmation trial measures all of them.
     assert {t.config["backend"]["repetitions"] for t in p.trials} == {10} and {t.config_hash for t in p.trials} == {"h1"}
     assert p.pool.selector == {"class": "orin", "name": "place-u2"} and p.pool.count == 1
-    assert p.tracking["experiment_name"] == "nightly-confirm" and p.sweep["rerun"] is True
+    assert p.tracking.experiment_name == "nightly-confirm" and p.sweep.rerun is True and p.sweep.rounds == 3
     with pytest.raises(LookupError, match="farm place"):  # never another unit of the class
         confirmation_plan(nightly, Target(alarm, target.previous, target.new, None),
                           ConfirmSettings(), "x")
     entries = Pool("orin", members=[{"name": "u1"}, {"name": "u2"}])
-    p = confirmation_plan(Plan(trials=trials, tracking={}, pool=entries), target, ConfirmSettings(), "x")
+    p = confirmation_plan(Plan(trials=trials, pool=entries), target, ConfirmSettings(), "x")
     assert p.pool.members == [{"name": "u2"}]
 
 

@@ -23,7 +23,7 @@ from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator
 from jbench.core.results import Status
 from jbench.sweeps.plan import plan
-from jbench.sweeps.sweep import Sweep
+from jbench.sweeps.sweep import run_sweep
 
 from .conftest import jbench_cli
 from .labgrid_fixture import coordinator  # noqa: F401  (a fixture)
@@ -148,7 +148,7 @@ def test_a_unit_lost_mid_sweep_hands_its_trials_to_the_others(three_units, tmp_p
               f"tracking.results_dir={tmp_path / 'r'}"], [conf])
     assert not p.problems, p.problems
     try:
-        result = Sweep(p, lambda: Tracker(None, tmp_path / "r"), on_trial_start=on_start).run()
+        result = run_sweep(p, lambda: Tracker(None, tmp_path / "r"), on_trial_start=on_start)
     finally:
         lost.unblock()
     assert cut, "u3 never started a trial"

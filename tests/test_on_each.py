@@ -1,4 +1,4 @@
-"""`_on_each`: a class sweep takes its units' leases and saves their power states side by side, and a failure on
+"""`each` (jbench.runner.scheduler): a class sweep takes its units' leases and saves their power states side by side, and a failure on
 one unit neither hides nor cancels the others' calls (what they took is released by the sweep's cleanup)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from jbench.sweeps.sweep import _on_each
+from jbench.runner.scheduler import each as _on_each
 
 
 def test_every_unit_is_called_side_by_side_and_the_first_failure_in_unit_order_is_raised():

@@ -13,11 +13,13 @@ from jbench.backends.base import BackendError
 from jbench.device.connection import ConnectionLost
 from jbench.device.local import LocalConnection
 from jbench.core.results import BackendResult, Category, Finding, PhaseResult, Result, Status
-from jbench.sweeps import sweep as sweep_module
+from jbench.runner import session as session_module
+from jbench.runner import trials as trials_module
 from jbench.runner.analyses import Noise, PhaseSpeed, Roofline
 from jbench.sweeps.plan import plan
-from jbench.runner.stages import DeviceState, Measure, PowerState, Stage, ThermalGate, default_stages
-from jbench.sweeps.sweep import Sweep
+from jbench.runner.stages import (DeviceState, Measure, PowerState, Stage, StageError, ThermalGate, default_stages,
+                                  order_analyses)
+from jbench.sweeps.sweep import run_sweep
 
 
 @pytest.fixture
@@ -31,6 +33,8 @@ def plugin_package(tmp_path, monkeypatch):
 
         class TokensPerWatt(Stage):
             NAME = "tokens_per_watt"
+            REQUIRES = ("decode_tps",)
+            PROVIDES = ("decode_tokens_per_watt",)
             def run(self, ctx):
                 ctx.record.merge(Result(tags={"my_checks.seen": ctx.trial.label}))
 
@@ -50,15 +54,67 @@ def plugin_package(tmp_path, monkeypatch):
     sys.modules.pop("my_checks", None)
 
 
-def test_default_stages_are_power_gate_measure_then_registered_analyses():
+def test_default_stages_are_power_gate_measure_then_analyses_in_the_order_their_metrics_need():
     kinds = [type(s) for s in default_stages()]
     assert kinds[:4] == [PowerState, DeviceState, ThermalGate, Measure]
-    assert kinds[4:7] == [PhaseSpeed, Roofline, Noise]
+    # phase_speed provides decode_tps and the CVs; noise and roofline require them (ties by name).
+    assert kinds[4:7] == [PhaseSpeed, Noise, Roofline]
+
+
+def test_analyses_are_ordered_by_what_they_require_not_by_registration():
+    class Late(Stage):
+        NAME = "a_late"
+        REQUIRES = ("roofline_fraction",)
+
+        def run(self, ctx):
+            pass
+
+    class Early(Stage):
+        NAME = "z_early"
+        PROVIDES = ("my_metric",)
+
+        def run(self, ctx):
+            pass
+
+    order = order_analyses([Late, Roofline, Early, PhaseSpeed])
+    assert order.index(PhaseSpeed) < order.index(Roofline) < order.index(Late)
+    assert order.index(Early) < order.index(Roofline)  # no requirement: in the first batch, by name
+
+
+def test_a_requirement_nothing_provides_or_a_cycle_is_refused_when_the_stages_are_built():
+    class Orphan(Stage):
+        NAME = "orphan"
+        REQUIRES = ("no_such_metric",)
+
+        def run(self, ctx):
+            pass
+
+    with pytest.raises(StageError, match="'orphan' requires metric 'no_such_metric'"):
+        order_analyses([PhaseSpeed, Orphan])
+
+    class A(Stage):
+        NAME = "a"
+        PROVIDES = ("x_a",)
+        REQUIRES = ("x_b",)
+
+        def run(self, ctx):
+            pass
+
+    class B(Stage):
+        NAME = "b"
+        PROVIDES = ("x_b",)
+        REQUIRES = ("x_a",)
+
+        def run(self, ctx):
+            pass
+
+    with pytest.raises(StageError, match="cycle"):
+        order_analyses([A, B])
 
 
 def test_a_users_package_adds_an_analysis_and_a_telemetry_source(plugin_package):
-    stages = default_stages()
-    assert type(stages[-1]).__name__ == "TokensPerWatt"  # after every built-in analysis
+    names = [type(s).__name__ for s in default_stages()]
+    assert "TokensPerWatt" in names and names.index("TokensPerWatt") > names.index("PhaseSpeed")
     from jbench.device.telemetry.sources import make_sampler
 
     sampler = make_sampler("silent", LocalConnection(), {"name": "local"}, None, 100)
@@ -139,23 +195,29 @@ class _Scripted(Stage):
         ctx.record.merge(Result(artifacts={"raw/stdout.txt": "raw"}, findings=list(ctx.backend_result.findings)))
 
 
+class _Run:
+    """run_sweep over a fake store, the local device, the given stages; `.run()` returns its SweepOutcome."""
+
+    def __init__(self, p, tracker, stages):
+        self.p, self.tracker, self.stages = p, tracker, stages
+
+    def run(self):
+        return run_sweep(self.p, lambda: self.tracker, stages=self.stages)
+
+
 def _sweep(stages, monkeypatch, **sweep_overrides):
-    monkeypatch.setattr(sweep_module, "finished_trials", lambda *a: {}, raising=False)
-    monkeypatch.setattr("jbench.tracking.reader.finished_trials", lambda *a: {})
-    monkeypatch.setattr(sweep_module.time, "sleep", lambda s: None)
+    from jbench.backends.llamacpp.backend import LlamaCppBackend
+
+    # The device part of preflight runs for real on the local device; the backend's binary checks do not (no
+    # llama.cpp here), and backoff waits take no time.
+    monkeypatch.setattr(LlamaCppBackend, "preflight", lambda self, conn: [])
+    monkeypatch.setattr(LlamaCppBackend, "build_id", lambda self, conn: None)
+    monkeypatch.setattr(trials_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr("jbench.tracking.resume_index.finished_trials_sqlite", lambda *a, **k: {})
     p = plan(["telemetry.source=none", "model.quant=Q4_0"] +
              [f"sweep.{k}={v}" for k, v in sweep_overrides.items()], use_grid=False)
     tracker = _Tracker()
-    s = Sweep(p, lambda: tracker, stages=stages)
-    # The device part of preflight, without the backend's binary checks (no llama.cpp here).
-    s.connections["local"], s.fingerprints["local"] = LocalConnection(), {}
-
-    def preflight(trials):
-        s.identities.update({t.index: sweep_module.TrialIdentity(t.config_hash, None, None) for t in trials})
-        return trials
-
-    monkeypatch.setattr(s, "preflight", preflight)
-    return s, tracker
+    return _Run(p, tracker, stages), tracker
 
 
 def test_a_lost_connection_is_retried_inside_one_run(monkeypatch):
@@ -219,12 +281,12 @@ def test_resume_matches_on_identity_so_another_build_runs_again(tmp_path, monkey
     build = {"commit": "0c1e57098"}
     monkeypatch.setattr(LlamaCppBackend, "preflight", lambda self, conn: [])
     monkeypatch.setattr(LlamaCppBackend, "build_id", lambda self, conn: build["commit"])
-    monkeypatch.setattr(sweep_module, "host_fingerprint", lambda conn: {})
+    monkeypatch.setattr(session_module, "host_fingerprint", lambda conn: {})
     p = plan(["telemetry.source=none", "model.quant=Q4_0", f"tracking.results_dir={tmp_path}"], use_grid=False)
 
     def run_once():
         stage = _Scripted(["ok"])
-        outcome = Sweep(p, lambda: Tracker(None, tmp_path), stages=[stage, PhaseSpeed()]).run().outcomes[0]
+        outcome = run_sweep(p, lambda: Tracker(None, tmp_path), stages=[stage, PhaseSpeed()]).outcomes[0]
         return outcome, stage.calls
 
     first, calls = run_once()

@@ -14,7 +14,7 @@ from jbench.config import available_choices
 from jbench.core.schema import ThermalConfig
 from jbench.device.thermal import thermal_gate
 from jbench.sweeps.plan import plan
-from jbench.sweeps.sweep import _oom_key, _skipped
+from jbench.sweeps.sweep import _oom_key, skipped as _skipped
 from jbench.core.trial import Trial
 
 from .conftest import jbench_cli

@@ -27,7 +27,8 @@ or else the device entry (device.name):
       improvement when p < alpha and change > +threshold; else no change.
     A side with fewer than min_samples (3) samples, or sample sizes whose smallest attainable
     p-value is not below alpha (e.g. 4 vs 4 repetitions: 2/70), is "insufficient data", never a pass.
-  * fingerprint: tags jetson.jetpack, jetson.l4t, backend.build_commit, model.sha256, host.kernel of the
+  * fingerprint: tags jetson.jetpack, jetson.l4t, backend.build_commit, model.sha256, host.kernel,
+    jbench.protocol_version of the
     newest baseline run vs the newest run now; any difference is reported as
     "fingerprint changed: <tag> <old> -> <new>". A difference of the environment (every tag but the backend
     build, CODE_TAGS) gives the configuration status 'changed-environment' instead of
@@ -72,7 +73,10 @@ __all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck"
            "ExitCode.FAILED", "ExitCode.NO_VERDICT"]
 
 
-FINGERPRINT_TAGS = ("jetson.jetpack", "jetson.l4t", "backend.build_commit", "model.sha256", "host.kernel")
+# jbench.protocol_version: a change of the measurement protocol (jbench.core.protocol) changes what a figure means;
+# at a change point it is reported as a changed environment, never blamed on the code.
+FINGERPRINT_TAGS = ("jetson.jetpack", "jetson.l4t", "backend.build_commit", "model.sha256", "host.kernel",
+                    "jbench.protocol_version")
 # The code under test: a difference here is reported as the suspect, and the change is still judged (it is what a
 # nightly exists to catch). Every other fingerprint tag is the environment, which a change is never blamed on.
 CODE_TAGS = ("backend.build_commit",)

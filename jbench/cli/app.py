@@ -110,3 +110,15 @@ def main(ctx: click.Context, verbose: bool, results_dir: Optional[str]) -> None:
     if results_dir is not None:
         state["results_dir"] = results_dir
     _setup_logging(verbose)
+
+
+def _signals_as_interrupt() -> None:
+    """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the SSH session to the controller dropped) unwind like
+    Ctrl-C, so devices are restored and the sweep is recorded KILLED (a later run resumes it under its parent)."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)

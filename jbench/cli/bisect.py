@@ -66,7 +66,8 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
            bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
            jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.sweeps.bisect import BisectError, Bisector, builds_from_repo, dir_builds
-    from jbench.cli.run import _sigterm_as_interrupt, _with_results_dir
+    from jbench.cli.app import _signals_as_interrupt
+    from jbench.cli.run import _with_results_dir
     from jbench.config import ConfigError, check_overrides, user_config_dirs
 
     say = lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False)  # noqa: E731
@@ -92,7 +93,7 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
         job = Bisector(builds, _with_results_dir(rest, results_dir), user_config_dirs(list(config_dirs)),
                        metric=metric, alpha=alpha, repetitions=repetitions, max_repetitions=max_repetitions, say=say)
         console.print(f"bisecting {len(builds)} builds on {metric}", highlight=False)
-        _sigterm_as_interrupt()
+        _signals_as_interrupt()
         result = job.run()
     except (BisectError, ConfigError) as exc:
         raise _fail(str(exc)) from None

@@ -71,7 +71,7 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
             junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str], confirm: bool,
             confirm_pairs: int, confirm_alpha: float, confirm_threshold: float,
             results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
-    from jbench.cli.run import _sigterm_as_interrupt
+    from jbench.cli.app import _signals_as_interrupt
     from jbench.analysis.paired import ConfirmSettings
     from jbench.sweeps.nightly import Nightly, NightlyError
 
@@ -94,7 +94,7 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
         what = f"{o.status} ({o.wall_s:.0f} s)" if str(o.status) != "FAILED" else f"FAILED ({o.category}): {o.error}"
         console.print(f"{escape(o.device or '?')}: {escape(o.trial.short_label)}: {escape(what)}", highlight=False)
 
-    _sigterm_as_interrupt()
+    _signals_as_interrupt()
     try:
         result = job.run(on_trial_start=started, on_trial_end=ended,
                          say=lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False))

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, common_options,
+from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, _signals_as_interrupt, common_options,
                         console, err_console, main)
 from jbench.core.exitcodes import ExitCode
 
@@ -39,14 +39,11 @@ def _with_results_dir(overrides, results_dir: Optional[str]) -> list[str]:
 
 
 def _plan(overrides, config_dirs, use_grid: bool):
-    from jbench.config import ConfigError, check_overrides, user_config_dirs
-    from jbench.sweeps.plan import plan
+    from jbench.sweeps.sweep import SweepInputError, plan_sweep
 
     try:
-        check_overrides(list(overrides))
-        dirs = user_config_dirs(list(config_dirs))
-        return plan(list(overrides), dirs, use_grid=use_grid)
-    except ConfigError as exc:
+        return plan_sweep(list(overrides), list(config_dirs), use_grid=use_grid)
+    except SweepInputError as exc:
         raise _fail(str(exc)) from None
 
 
@@ -100,20 +97,19 @@ def _size(trials, key: str) -> Optional[Any]:
 
 
 def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
-    """One flat row per trial: index, the varying dimensions, status, run id, sizes, then the metrics."""
+    """One flat row per trial (a plan) or per run (`outcomes`: a trial measured twice under sweep.rerun_noisy has a
+    row per attempt): index, the varying dimensions, status, run id, sizes, then the metrics."""
     keys = varying_keys(trials)
-    by_trial = {id(o.trial): o for o in (outcomes or [])}
     rows = []
-    for t in trials:
-        o = by_trial.get(id(t))
+    for t, o in (zip([o.trial for o in outcomes], outcomes) if outcomes is not None else ((t, None) for t in trials)):
         backend = t.config.get("backend") or {}
         row: dict[str, Any] = {"index": t.index, **{k: t.point.get(k) for k in keys}, "label": trial_label(t, keys),
                                "status": str(o.status) if o else status, "run_id": (o.run_id if o else None),
                                "config_hash": t.config_hash, "n_prompt": backend.get("n_prompt"),
                                "n_gen": backend.get("n_gen"), "repetitions": backend.get("repetitions")}
         if o is not None:
-            row.update({"category": str(o.category) if o.category else None, "error": o.error,
-                        "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
+            row.update({"attempt": o.attempt, "device": o.device, "category": str(o.category) if o.category else None,
+                        "error": o.error, "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
             metrics = {k: _num(v) for k, v in o.metrics.items()}
             main_keys = ("prefill_tps", "prefill_tps_std", "decode_tps", "decode_tps_std")
             row.update({k: metrics.get(k) for k in main_keys})
@@ -264,86 +260,9 @@ class _TrialProgress:
                        f"{escape(str(outcome.error))}")
 
 
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM (a CI job cancelled, `kill`) unwinds like Ctrl-C, so devices are restored."""
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _history(plan_) -> dict:
-    """FINISHED trials of the plan's experiment (for estimates), without creating a store."""
-    from jbench.tracking.common import resolve_uri, store_exists
-
-    uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
-    if not store_exists(uri):
-        return {}
-    from jbench.tracking.resume_index import finished_trials_sqlite
-
-    exp_name = plan_.tracking.get("experiment_name") or plan_.experiment
-    fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
-    if fast is not None:
-        return fast
-    from jbench.tracking.reader import finished_trials  # imports mlflow (~1-2 s): only when sqlite3 cannot answer
-
-    try:
-        return finished_trials(uri, exp_name)
-    except Exception as exc:  # an unreachable tracking server must not stop a dry run
-        err_console.print(f"[yellow]no duration estimate: {exc}[/]")
-        return {}
-
-
-def _check_store(plan_, console) -> bool:
-    """Before anything touches a device: the results directory and store can be written, and a tracking
-    server answers (else tracking.unreachable decides: stop, exit 2; or spool). True: spool from the start."""
-    from jbench.tracking.common import redact, resolve_uri, server_problem, spool_dir, store_problem
-
-    results_dir = plan_.tracking["results_dir"]
-    uri = resolve_uri(plan_.tracking.get("uri"), results_dir)
-    shown = redact(uri)
-    problem = store_problem(uri, results_dir)
-    if problem:
-        raise _fail(f"cannot write results: {problem}. Set tracking.results_dir (or $JBENCH_RESULTS_DIR) "
-                    "to a writable directory")
-    choice = plan_.tracking.get("unreachable") or "stop"
-    if choice not in ("stop", "spool"):
-        raise _fail(f"tracking.unreachable={choice}: use stop or spool")
-    down = server_problem(uri)
-    if down is None:
-        return False
-    if choice == "stop":
-        raise _fail(f"tracking server {shown}: {down}. Start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or add "
-                    "tracking.unreachable=spool to measure into a local spool and upload it later with `jbench sync`")
-    console.print(f"[yellow]tracking server {shown}: {down}; measuring into the spool {spool_dir(results_dir)} "
-                  f"(`jbench sync` uploads it once the server is back)[/]", highlight=False)
-    return True
-
-
-# URI schemes an MLflow store can have (a plain path is a file store).
-_STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "databricks", "databricks-uc")
-
-
-def _check_store_uri(plan_) -> None:
-    """A tracking URI MLflow cannot open is a user error before anything runs (not an MLflow traceback later)."""
-    from urllib.parse import urlparse
-
-    from jbench.tracking.common import database_problem, redact, resolve_uri
-
-    uri = resolve_uri(plan_.tracking.get("uri"), plan_.tracking["results_dir"])
-    scheme = urlparse(uri).scheme.split("+")[0]
-    source = "tracking.uri" if plan_.tracking.get("uri") else "$MLFLOW_TRACKING_URI"
-    problem = database_problem(uri, source)
-    if problem:
-        raise _fail(problem)
-    if scheme not in _STORE_SCHEMES:
-        raise _fail(f"{source} '{redact(uri)}' is not a tracking store MLflow can open: give http(s)://HOST:PORT for an "
-                    f"MLflow server, sqlite:///PATH, or unset it to use the results directory")
-
-
 def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
+    from jbench.sweeps.sweep import PreflightError, SweepInputError, check_store, estimates, run_sweep, tracker_factory
+
     # With -o FORMAT stdout carries only the summary; every message and the progress go to stderr.
     console = globals()["console"] if fmt == "table" else err_console
     if plan_.problems:
@@ -354,7 +273,6 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         raise click.exceptions.Exit(ExitCode.BAD_INPUT)
     if not plan_.trials:
         raise _fail("the sweep has no trials")
-    _check_store_uri(plan_)
     console.print(f"[bold]{escape(plan_.experiment)}[/]: {len(plan_.trials)} trial(s)"
                   + (f" over {', '.join(plan_.dims)}" if plan_.dims else ""), highlight=False)
     for note in plan_.notes:
@@ -362,26 +280,20 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     notes_shown = len(plan_.notes)
     keys = varying_keys(plan_.trials)
     if dry_run:
-        from jbench.core.trial import resume_key
-
-        history = _history(plan_)
-        known = 0.0
-        unknown = 0
+        ests = estimates(plan_)
         rows = _records(plan_.trials)
-        for t, row in zip(plan_.trials, rows):
-            wall = (history.get(t.resume_key) or history.get(resume_key(t.config_hash, 1)) or {}).get("wall_s")
-            if wall:
-                known += wall
-            else:
-                unknown += 1
-            row["estimate_s"] = round(wall, 1) if wall else None
-            row["already_finished"] = t.resume_key in history
-            est = f"~{wall:.0f} s" if wall else "no estimate"
+        for e, row in zip(ests, rows):
+            row["estimate_s"] = round(e.seconds, 1) if e.seconds else None
+            row["already_finished"] = e.finished
+            est = f"~{e.seconds:.0f} s" if e.seconds else "no estimate"
+            t = e.trial
             full = f"{escape(t.label)}  " if t.label != trial_label(t, keys) else ""
             console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{full}{t.config_hash}  {est}[/]",
                           highlight=False)
-        done = sum(1 for t in plan_.trials if t.resume_key in history)
-        console.print(f"estimated duration: {known / 60:.1f} min for {len(plan_.trials) - unknown} trial(s) from earlier "
+        known = sum(e.seconds or 0.0 for e in ests)
+        unknown = sum(1 for e in ests if not e.seconds)
+        done = sum(1 for e in ests if e.finished)
+        console.print(f"estimated duration: {known / 60:.1f} min for {len(ests) - unknown} trial(s) from earlier "
                       f"runs of the same configuration; {unknown} trial(s) without history"
                       + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
                       highlight=False)
@@ -389,29 +301,23 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             click.echo(format_records(rows, fmt), nl=False)
         return
 
-    # Imported only to run: the sweep imports mlflow when it needs a store, which a dry run does not.
-    from jbench.sweeps.sweep import PreflightError, Sweep
+    try:
+        store = check_store(plan_.tracking)
+    except SweepInputError as exc:
+        raise _fail(str(exc)) from None
+    if store.spool:
+        console.print(f"[yellow]{escape(store.notice)}[/]", highlight=False)
+    else:
+        console.print(f"tracking to {store.shown}", highlight=False)
 
-    spool_from_start = _check_store(plan_, console)
+    def say(message: str) -> None:
+        progress.print(f"[yellow]{escape(message)}[/]")
 
-    made: list = []  # the sweep's tracker, to say at the end where the results went
-
-    def tracker():
-        from jbench.tracking.writer import Tracker  # mlflow: only once the runner asks for a store
-
-        def say(message: str) -> None:
-            progress.print(f"[yellow]{escape(message)}[/]")
-
-        t = Tracker(plan_.tracking.get("uri"), plan_.tracking["results_dir"], spool=spool_from_start, notify=say)
-        made.append(t)
-        if not spool_from_start:
-            console.print(f"tracking to {t.shown_uri}", highlight=False)
-        return t
-
-    _sigterm_as_interrupt()
+    _signals_as_interrupt()
     with _TrialProgress(console, len(plan_.trials), keys, pool=plan_.pool is not None) as progress:
         try:
-            result = Sweep(plan_, tracker, on_trial_start=progress.start, on_trial_end=progress.end).run()
+            result = run_sweep(plan_, tracker_factory(plan_.tracking, store, say), on_trial_start=progress.start,
+                               on_trial_end=progress.end)
         except PreflightError as exc:
             progress.stop()
             raise _fail(f"the device is not ready; nothing was run:\n{exc}") from None
@@ -425,21 +331,19 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         click.echo(format_records(_records([o.trial for o in result.outcomes], result.outcomes), fmt), nl=False)
     for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)
         console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
-    notes = sorted({n for o in result.outcomes for n in o.notes})
-    from jbench.tracking.common import redact
-
-    for note in notes:  # said once per sweep, not once per trial
+    for note in sorted({n for o in result.outcomes for n in o.notes}):  # said once per sweep, not once per trial
         err_console.print(f"[yellow]energy not measured:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    if made and made[0].spooling is not None:
-        console.print(f"results: spooled in {made[0].spool_uri} (experiment '{escape(result.experiment)}') because "
-                      f"{made[0].shown_uri} did not answer; `jbench sync` uploads them once it is back",
+    t = result.tracker
+    if t is not None and getattr(t, "spooling", None) is not None:
+        console.print(f"results: spooled in {t.spool_uri} (experiment '{escape(result.experiment)}') because "
+                      f"{t.shown_uri} did not answer; `jbench sync` uploads them once it is back",
                       highlight=False, soft_wrap=True)
     else:
-        console.print(f"results: {redact(result.tracking_uri)} (experiment '{escape(result.experiment)}'); "
+        console.print(f"results: {store.shown} (experiment '{escape(result.experiment)}'); "
                       f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
-        raise click.exceptions.Exit(ExitCode.TRIALS_FAILED)
+    raise click.exceptions.Exit(result.exit_code)
 
 
 def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_grid: bool) -> None:

@@ -105,7 +105,7 @@ class PhaseSpeed(Stage):
     """Mean, spread and confidence interval of each phase's tok/s over the repetitions."""
 
     NAME = "phase_speed"
-    ORDER = 10
+    PROVIDES = ("*_tps", "*_tps_*", "*_tokens", "*_repetitions", "*_ms_mean")
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -118,7 +118,8 @@ class Roofline(Stage):
     """Decode speed against the bandwidth ceiling of the model's bytes per token."""
 
     NAME = "roofline"
-    ORDER = 20
+    REQUIRES = ("decode_tps",)
+    PROVIDES = ("roofline_*",)
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -141,7 +142,7 @@ class Noise(Stage):
     """A rate whose coefficient of variation is above sweep.max_cv marks the trial noisy."""
 
     NAME = "noise"
-    ORDER = 30
+    REQUIRES = ("*_tps_cv",)
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.max_cv is not None

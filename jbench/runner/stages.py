@@ -1,29 +1,39 @@
-"""The stages of one trial, in order: power state -> device state -> thermal gate -> measure -> analyses.
+"""The stages of one trial: the fixed ones (power state -> device state -> thermal gate -> measure), then the
+registered analyses in the order their declared metrics need.
 
-Each stage is a small class with one `run(ctx)` over the shared TrialContext. A stage that cannot do
-its job raises (PowerStateError, BackendError, DeviceError, ConnectionLost); the sweep turns the
-exception into a FAILED trial with its category in one place (Sweep._failure). A new per-trial analysis
-is a Stage registered in the `jbench.analyses` entry-point group (jbench.registry), not an edit here.
+Each stage is a small class with one `run(ctx)` over the shared TrialContext. A stage that cannot do its job raises
+(PowerStateError, BackendError, DeviceError, ConnectionLost); the trial runner turns the exception into a FAILED
+trial with its category in one place (jbench.runner.trials). A new per-trial analysis is a Stage registered in the
+`jbench.analyses` entry-point group (jbench.core.registry) that declares the metrics it PROVIDES and REQUIRES (names
+or fnmatch patterns, as docs/metrics.md names them): analyses are ordered from those declarations (graphlib), and a
+requirement no stage provides is an error when the stage list is built, not a silent NaN later.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import graphlib
+import json
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from jbench.core import registry
+from jbench.core.results import Result
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
-from jbench.core.results import Result
 from jbench.runner.context import TrialContext
 from jbench.runner.measure import measure
 
 
+class StageError(RuntimeError):
+    """The stage list cannot be built: a stage requires a metric nothing provides, or requirements form a cycle."""
+
+
 class Stage(ABC):
     NAME: ClassVar[str]
-    # Registered analyses run in ascending ORDER (then by name): a later one may read what earlier ones
-    # added to ctx.record (the noise check reads the phase CVs).
-    ORDER: ClassVar[int] = 100
+    # Metric names (or fnmatch patterns) this stage adds to the record, and those it reads from it.
+    PROVIDES: ClassVar[tuple[str, ...]] = ()
+    REQUIRES: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, ctx: TrialContext) -> bool:
         """False skips the stage for this trial (e.g. no power control asked for)."""
@@ -43,27 +53,9 @@ class PowerState(Stage):
         return ctx.cfg.wants_power_control
 
     def run(self, ctx: TrialContext) -> None:
-        power, strategy = ctx.cfg.power, ctx.power
-        assert strategy is not None, "the sweep's preflight gives every power-controlled device a strategy"
-        strategy.log = ctx.log
-        changes = strategy.apply(power.mode, power.jetson_clocks, allow_reboot=power.allow_reboot,
-                                 reboot_timeout_s=power.reboot_timeout_s, fan=power.fan)
-        snap = strategy.last
-        ctx.actual_mode = snap.mode
-        ctx.record.tags.update(power_state_tags(snap, changes))
-        if snap.fan_pwm is not None:
-            ctx.record.tags["power.fan_pwm"] = str(snap.fan_pwm)
-        if strategy.rebooted:
-            ctx.record.tags["jetson.rebooted"] = "power mode change"
-
-
-def power_state_tags(snap: Any, changes: list[str]) -> dict[str, str]:
-    """The power state as read back after applying it (a PowerStrategy's `last` snapshot) and what changed."""
-    tags = {"power.mode_actual": str(snap.mode), "power.mode_id": str(snap.mode_id),
-            "power.jetson_clocks_actual": str(snap.clocks_locked), "power.changes": "; ".join(changes) or "none"}
-    # Every part of the lock as verified on the device (a half-locked device is visible, not hidden).
-    tags.update({f"power.lock.{k}": str(v) for k, v in snap.locks.parts().items() if v is not None})
-    return tags
+        ctx.record.tags.update(ctx.session.apply(ctx.cfg.power, logger=ctx.log))
+        assert ctx.session.strategy is not None and ctx.session.strategy.last is not None
+        ctx.actual_mode = ctx.session.strategy.last.mode
 
 
 class DeviceState(Stage):
@@ -71,9 +63,6 @@ class DeviceState(Stage):
     sweep's trials run in different modes and a reboot may happen between them."""
 
     NAME = "device_state"
-
-    def __init__(self) -> None:
-        self._boot_ids: dict[str, str] = {}  # device -> boot id seen at its previous trial in this sweep
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.cfg.device.profile is not None
@@ -85,11 +74,11 @@ class DeviceState(Stage):
         if boot.ok and boot.stdout.strip():
             boot_id = boot.stdout.strip()
             tags["jetson.boot_id"] = boot_id
-            previous = self._boot_ids.get(ctx.cfg.device.name)
+            previous = ctx.session.boot_id
             if previous and previous != boot_id and "jetson.rebooted" not in ctx.record.tags:
                 # Not by jbench's power stage: the device went down between trials (crash, power loss, a person).
                 tags["jetson.rebooted"] = "since the previous trial (not by jbench)"
-            self._boot_ids[ctx.cfg.device.name] = boot_id
+            ctx.session.boot_id = boot_id
         ctx.record.tags.update(tags)
 
 
@@ -106,9 +95,12 @@ class Measure(Stage):
     """The backend's run under telemetry; what the backend itself reported joins the record."""
 
     NAME = "measure"
+    PROVIDES = ("*_energy_*", "*_power_*", "*_tokens_per_joule*", "energy_*", "telemetry_*", "throttl*",
+                "*_wall_*", "ttft_*", "itl_*", "tpot_*", "e2e_*", "latency_*", "backend_*")
 
     def run(self, ctx: TrialContext) -> None:
-        measure(ctx)
+        with ctx.quiet():  # on this machine: nothing else of jbench's runs while the benchmark does
+            measure(ctx)
         result = ctx.backend_result
         assert result is not None
         tags = {f"backend.{k}": str(v) for k, v in result.build.items()}
@@ -117,17 +109,48 @@ class Measure(Stage):
                      if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})
         artifacts = {"raw/stdout.txt": result.raw_output, "raw/stderr.txt": result.raw_stderr}
         if result.findings:
-            import json
-
             artifacts["backend_findings.json"] = json.dumps([f.as_dict() for f in result.findings], indent=2,
                                                             default=str)
         ctx.record.merge(Result(metrics=dict(result.metrics), tags={**result.tags, **tags},
                                 findings=list(result.findings), artifacts=artifacts))
 
 
+FIXED = (PowerState, DeviceState, ThermalGate, Measure)
+
+
+def _provides(stage: type[Stage], metric: str) -> bool:
+    """Whether a stage's declared metrics cover a required one (either side may be a pattern)."""
+    return any(fnmatch.fnmatchcase(metric, p) or fnmatch.fnmatchcase(p, metric) for p in stage.PROVIDES)
+
+
+def order_analyses(analyses: list[type[Stage]]) -> list[type[Stage]]:
+    """The analyses in an order where each runs after every analysis that provides a metric it requires (ties by
+    NAME). A requirement that neither the fixed stages nor any analysis provides raises StageError."""
+    graph: dict[type[Stage], set[type[Stage]]] = {}
+    for stage in analyses:
+        deps: set[type[Stage]] = set()
+        for metric in stage.REQUIRES:
+            providers = [a for a in analyses if a is not stage and _provides(a, metric)]
+            if not providers and not any(_provides(f, metric) for f in FIXED):
+                raise StageError(f"analysis '{stage.NAME}' requires metric '{metric}', which no stage provides "
+                                 f"(declared: {', '.join(sorted(p for s in (*FIXED, *analyses) for p in s.PROVIDES))})")
+            deps.update(providers)
+        graph[stage] = deps
+    sorter = graphlib.TopologicalSorter(graph)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        raise StageError(f"analyses require each other's metrics in a cycle: {[s.NAME for s in exc.args[1]]}") from None
+    out: list[type[Stage]] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=lambda s: s.NAME)
+        out.extend(ready)
+        sorter.done(*ready)
+    return out
+
+
 def default_stages() -> list[Stage]:
-    """The stage list of every trial: the fixed device and measurement stages, then every registered
-    analysis by ORDER."""
+    """The stage list of every trial: the fixed device and measurement stages, then every registered analysis in the
+    order its declared metrics need."""
     analyses = [registry.load(registry.ANALYSES, name) for name in registry.targets(registry.ANALYSES)]
-    analyses.sort(key=lambda cls: (cls.ORDER, cls.NAME))
-    return [PowerState(), DeviceState(), ThermalGate(), Measure(), *(cls() for cls in analyses)]
+    return [cls() for cls in FIXED] + [cls() for cls in order_analyses(analyses)]

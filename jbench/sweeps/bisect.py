@@ -32,6 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
@@ -138,6 +139,7 @@ class Build:
     make: Optional[Callable[["Connection", dict], str]] = None
     # a --builds directory not looked into yet: on a remote device it is found once the device is connected
     directory: Optional[str] = None
+    commit_seen: Optional[str] = None  # the commit its llama-bench reported when measured
 
     def resolve(self, conn: Optional["Connection"] = None, device: Optional[dict] = None) -> str:
         if self.bin_dir is None and self.make is not None:
@@ -369,6 +371,7 @@ class Step:
     why: str = ""
     run_id: Optional[str] = None
     build_commit: Optional[str] = None
+    runs: list = field(default_factory=list)  # the run handles of its measurements
 
     @property
     def mean(self) -> float:
@@ -410,8 +413,11 @@ class Bisector:
         self.trial = self._trial(self.builds[0].bin_dir or "")
         self._tracker_factory = tracker_factory
         self.device: dict = self.trial.config["device"]
-        self.conn: Optional["Connection"] = None  # the device's connection while run() holds it
-        self.power_tags: dict[str, str] = {}
+        # Leases and the power-state file on the device name this bisection.
+        self.bisect_id = time.strftime("%Y%m%d-%H%M%S-bisect-") + uuid.uuid4().hex[:6]
+        self.session: Any = None  # the device's DeviceSession while run() holds it
+        self.runner: Any = None  # the run layer's TrialRunner while run() holds the device
+        self.recorder: Any = None
         if self.device.get("kind", "local") == "local":
             locate_dirs(self.builds)  # on this machine: bad --builds are found before anything else
 
@@ -442,160 +448,145 @@ class Bisector:
         n = trial.config["backend"]["n_gen" if phase == "decode" else "n_prompt"]
         if not n:
             raise BisectError(f"--metric {self.metric} needs backend.{'n_gen' if phase == 'decode' else 'n_prompt'} > 0")
-        self.plan_tracking = p.tracking
         self.plan = p
         return trial
 
-    def measure(self, build: Build, repetitions: int) -> tuple[list[float], Any]:
-        from jbench.backends.base import BackendError, backend_class
-        from jbench.device.connection import DeviceError
+    def measure(self, build: Build, repetitions: int, name: str) -> tuple[list[float], Any]:
+        """One measurement of a build: a trial of the failing configuration with backend.binary_dir at the build,
+        run through the run layer's stages (power state, thermal gate, per-trial fingerprint, telemetry) in a child
+        run of the bisect run named `name`. Returns the per-repetition rates and the run's handle."""
+        from jbench.core.results import Status
 
-        if self.conn is None:
+        if self.session is None or self.runner is None:
             raise BisectError("measuring needs the device: call run()")
-        trial = self._trial(build.resolve(self.conn, self.device), repetitions)
-        backend = backend_class("llamacpp")(trial.config["backend"])
-        try:
-            result = backend.run(trial, self.conn, log)
-        except (BackendError, DeviceError) as exc:
-            raise BisectError(f"build {build.label} could not be measured: {exc}") from None
-        return result.phases[METRICS[self.metric]].samples_tps, result
+        trial = self._trial(build.resolve(self.session.connection, self.device), repetitions)
+        outcome = self.runner.run(trial, self.session, name=name,
+                                  tags={"jbench.kind": "bisect_step", "bisect.build": build.label,
+                                        "bisect.metric": self.metric})[-1]
+        if outcome.status != Status.FINISHED or outcome.record is None:
+            raise BisectError(f"build {build.label} could not be measured: {outcome.category}: {outcome.error}")
+        samples = outcome.record.stepped.get(f"{METRICS[self.metric]}_tps_rep") or []
+        if not samples:
+            raise BisectError(f"build {build.label} gave no {self.metric} repetitions")
+        build.commit_seen = outcome.record.tags.get("backend.build_commit") or build.commit
+        return list(samples), outcome.run
 
-    # -- the device (the sweep's own handling: connection, remote model check, lease, power state) ---------------
+    # -- the device, held through the run layer's DeviceSession -------------------------------------------
 
     @contextlib.contextmanager
-    def on_device(self) -> Iterator["Connection"]:
-        """The device's connection, held for the whole bisection: --builds directories found there, the model file
-        checked there, its on-device lease taken (one controller at a time), and a requested power state applied
-        and verified; on the way out (also Ctrl-C, errors) the power state is restored, the lease released."""
+    def on_device(self) -> Iterator[Any]:
+        """The device, held for the whole bisection: connected, --builds directories found there, the model file
+        and power request checked there, its on-device lease taken (one controller at a time) and its power state
+        saved; on the way out (also Ctrl-C, errors) the power state is restored and the lease released. The trials
+        apply and verify the requested power state themselves (the PowerState stage)."""
         from jbench.device.connection import DeviceError
-        from jbench.runner.stages import power_state_tags
-        from jbench.sweeps.sweep import PreflightError, Sweep
+        from jbench.runner.session import DeviceSession
+        from jbench.runner.trials import preflight
 
-        trial, name = self.trial, self.device["name"]
-        # A Sweep of the one trial does the device work exactly as `jbench run` does (no trial is run through it).
-        sweep = Sweep(self.plan, tracker_factory=self._tracker)
-        problems: list[str] = []
+        trial = self.trial
+        power = trial.config.get("power") or {}
+        session = DeviceSession(self.device, trial.config.get("profile"), owner=self.bisect_id,
+                                reboot_consent=bool(power.get("allow_reboot")))
         try:
-            if not sweep.open_device(self.device, problems.append, profile=trial.config.get("profile")):
-                raise BisectError("; ".join(problems))
-            conn = sweep.connections[name]
-            locate_dirs(self.builds, conn)
-            if (msg := sweep.remote_model_missing(trial)) is not None:
-                problems.append(msg)
-            strategy = sweep.strategies.get(name)
-            power = trial.config.get("power") or {}
-            if trial.wants_power_control:
-                if strategy is None:
-                    problems.append(f"the configuration sets power.* but device '{name}' has no Jetson profile "
-                                    "(set device.profile)")
-                else:
-                    if power.get("mode") is not None:
-                        strategy.mode_id(power["mode"])
-                    strategy.check_sudo()
+            problems = session.connect()
             if problems:
                 raise BisectError("\n".join(problems))
-            sweep.lease_devices([trial])
-            sweep.save_power_states([trial])
-            if trial.wants_power_control:
-                assert strategy is not None
-                strategy.log = log
-                changes = strategy.apply(power.get("mode"), power.get("jetson_clocks"),
-                                         allow_reboot=bool(power.get("allow_reboot")),
-                                         reboot_timeout_s=float(power.get("reboot_timeout_s") or 300),
-                                         fan=power.get("fan"))
-                snap = strategy.last
-                self.power_tags = power_state_tags(snap, changes)
-                self.say(f"device '{name}' in power mode {snap.mode}, jetson_clocks {snap.locks.describe()}")
-            self.conn = conn
-            yield conn
-        except PreflightError as exc:  # the lease: another controller holds the device
-            raise BisectError(str(exc)) from None
-        except DeviceError as exc:
+            locate_dirs(self.builds, session.connection)
+            found = preflight(session, [trial], check_backend=False)
+            if found.problems:
+                raise BisectError("\n".join(found.problems))
+            session.lease(float(self.device.get("lease_wait_s") or 0.0))
+            session.save(trial.wants_power_control)
+            self.session = session
+            yield session
+        except DeviceError as exc:  # the lease: another controller holds the device; a link that went
             raise BisectError(str(exc)) from None
         finally:
-            self.conn = None
-            sweep.release_devices()
+            self.session = None
+            session.close()
 
-    # -- recording (through jbench.tracking only) -----------------------------------------------
+    # -- recording (through the run layer's Recorder) ---------------------------------------------------
 
-    def _tracker(self):
+    def _tracker(self) -> Any:
         if self._tracker_factory is not None:
             return self._tracker_factory()
         from jbench.tracking.writer import Tracker
 
-        return Tracker(self.plan_tracking.get("uri"), self.plan_tracking["results_dir"])
+        return Tracker(self.plan.tracking.uri, self.plan.tracking.results_dir)
 
-    def _record(self, tracker, exp_id: str, parent: str, step: Step, result: Any) -> None:
-        build = result.build.get("build_commit") if result is not None else None
-        step.build_commit = build or step.build.commit
-        phase = METRICS[self.metric]
-        run = tracker.start_run(
-            exp_id, f"bisect step {step.step}: {Path(step.build.label).name or step.build.label}",
-            parent_run_id=parent,
-            params={"backend.binary_dir": step.build.bin_dir, "backend.repetitions": len(step.samples),
-                    "bisect.index": step.index},
-            tags={"jbench.kind": "bisect_step", "bisect.step": step.step, "bisect.index": step.index,
-                  "bisect.verdict": step.verdict, "bisect.why": step.why[:5000], "bisect.metric": self.metric,
-                  "bisect.build": step.build.label, "backend.build_commit": step.build_commit or "",
-                  "jbench.config_hash": self.trial.config_hash, "jbench.status": "FINISHED"})
-        tracker.log(run, metrics={self.metric: step.mean, f"{self.metric}_std": step.std,
-                                  f"{phase}_n": len(step.samples)},
-                    stepped={f"{self.metric}_rep": step.samples})
-        tracker.end_run(run, "FINISHED")
-        step.run_id = run
+    def _record(self, step: Step, handle: Any) -> None:
+        """The step's verdict on the run its measurement made (each measurement of it, when the ends got more)."""
+        step.build_commit = step.build.commit_seen or step.build.commit
+        tags = {"bisect.step": step.step, "bisect.index": step.index, "bisect.verdict": step.verdict,
+                "bisect.why": step.why[:5000], "backend.build_commit": step.build_commit or ""}
+        for h in ([handle] if not isinstance(handle, list) else handle):
+            self.recorder.tag(h, tags)
+        step.runs = handle if isinstance(handle, list) else [handle]
 
     # -- the whole bisection ----------------------------------------------------------------------
 
     def run(self) -> BisectResult:
         """The whole bisection on the device, recorded (see on_device for what is held meanwhile)."""
-        with self.on_device():
-            return self._run_recorded()
-
-    def _run_recorded(self) -> BisectResult:
-        from jbench.core.provenance import JBENCH_VERSION as __version__
+        from jbench.core.protocol import PROTOCOL_VERSION
+        from jbench.core.provenance import JBENCH_VERSION
+        from jbench.runner.recorder import Recorder, controller_id, wall_time
+        from jbench.runner.stages import default_stages
+        from jbench.runner.trials import TrialRunner
 
         res = BisectResult(self.builds)
-        tracker = self._tracker()
-        exp_id = tracker.experiment_id(self.plan_tracking.get("experiment_name") or "bisect")
         n = len(self.builds)
-        parent = tracker.start_run(
-            exp_id, f"bisect {time.strftime('%Y-%m-%d %H:%M')}",
-            params={"bisect.overrides": " ".join(self.overrides), "bisect.n_builds": n, "bisect.alpha": self.alpha,
-                    "bisect.metric": self.metric, "device.name": self.device["name"],
-                    "bisect.builds": " ".join(b.label for b in self.builds)[:6000]},
-            tags={"jbench.kind": "bisect", "jbench.version": __version__, "jbench.status": "RUNNING",
-                  "jbench.config_hash": self.trial.config_hash, "device.kind": self.device.get("kind", "local"),
-                  **({"device.host": f"{self.device['host']}:{self.device.get('port') or 22}"}
-                     if self.device.get("host") else {}), **self.power_tags})
-        res.parent_run_id = parent
-        status = "FAILED"
-        try:
-            self._bisect(res, tracker, exp_id, parent)
-            status = "FINISHED"
-        except KeyboardInterrupt:
-            status = "KILLED"
-            raise
-        finally:
-            tags = {"jbench.status": status, "bisect.outcome": res.outcome or "error",
-                    "bisect.repetitions": res.repetitions}
-            if res.first_bad is not None:
-                fb = res.builds[res.first_bad]
-                tags.update({"bisect.first_bad_index": res.first_bad, "bisect.first_bad": fb.label,
-                             "bisect.first_bad_commit": next((s.build_commit for s in res.steps
-                                                              if s.index == res.first_bad and s.build_commit), "")
-                             or (fb.commit or "")})
-            if res.message:
-                tags["bisect.message"] = res.message[:5000]
-            tracker.log(parent, tags=tags)
-            tracker.end_run(parent, status)
+        with self.on_device() as session:
+            self.recorder = Recorder(self._tracker, experiment=self.plan.tracking.experiment_name or "bisect",
+                                     sweep_id=self.bisect_id,
+                                     common_tags={"jbench.version": JBENCH_VERSION, "jbench.controller": controller_id(),
+                                                  "jbench.protocol_version": PROTOCOL_VERSION})
+            self.runner = TrialRunner(self.recorder, default_stages(), experiment="bisect")
+            self.recorder.open_sweep(
+                run_name=f"bisect {wall_time()}",
+                params={"bisect.overrides": " ".join(self.overrides), "bisect.n_builds": n, "bisect.alpha": self.alpha,
+                        "bisect.metric": self.metric, "device.name": self.device["name"],
+                        "bisect.builds": " ".join(b.label for b in self.builds)[:6000]},
+                tags={"jbench.kind": "bisect", "jbench.status": "RUNNING", "jbench.config_hash": self.trial.config_hash,
+                      "device.kind": self.device.get("kind", "local"),
+                      **({"device.host": f"{self.device['host']}:{self.device.get('port') or 22}"}
+                         if self.device.get("host") else {}), **session.fingerprint},
+                description="", resume=lambda t: None, leased=set())
+            status = "FAILED"
+            try:
+                self._bisect(res)
+                status = "FINISHED"
+            except KeyboardInterrupt:
+                status = "KILLED"
+                self.recorder.kill_sweep(self.runner.open_runs(), "interrupted (Ctrl-C)")
+                raise
+            finally:
+                tags: dict[str, Any] = {"bisect.outcome": res.outcome or "error", "bisect.repetitions": res.repetitions}
+                if res.first_bad is not None:
+                    fb = res.builds[res.first_bad]
+                    tags.update({"bisect.first_bad_index": res.first_bad, "bisect.first_bad": fb.label,
+                                 "bisect.first_bad_commit": next((s.build_commit for s in res.steps
+                                                                  if s.index == res.first_bad and s.build_commit), "")
+                                 or (fb.commit or "")})
+                if res.message:
+                    tags["bisect.message"] = res.message[:5000]
+                if status != "KILLED":
+                    self.recorder.end_sweep(status, tags, None)
+                try:
+                    self.recorder.flush()
+                finally:
+                    self.recorder.close()
+                res.parent_run_id = self.recorder.sweep.parent.run_id
+                for step in res.steps:
+                    step.run_id = step.runs[-1].run_id if step.runs else None
         return res
 
-    def _bisect(self, res: BisectResult, tracker, exp_id: str, parent: str) -> None:
+    def _bisect(self, res: BisectResult) -> None:
         n = len(self.builds)
         good_b, bad_b = self.builds[0], self.builds[-1]
         self.say(f"measuring the good end {good_b.label} and the bad end {bad_b.label} ({self.repetitions} repetitions)")
-        good, good_r = self.measure(good_b, self.repetitions)
-        bad, bad_r = self.measure(bad_b, self.repetitions)
+        good, good_r = self.measure(good_b, self.repetitions, f"bisect step 0: {_short(good_b)}")
+        bad, bad_r = self.measure(bad_b, self.repetitions, f"bisect step 1: {_short(bad_b)}")
+        good_r, bad_r = [good_r], [bad_r]
         differ, ci = ends_differ(good, bad, self.alpha)
         res.ends_ci = ci
         reps, raw = self.repetitions, 0.0
@@ -605,8 +596,11 @@ class Bisector:
             if reps > self.repetitions:
                 # The ends get as many repetitions as a midpoint: the classification compares with them.
                 self.say(f"the ends need {reps} repetitions each to separate a midpoint; measuring {reps - self.repetitions} more")
-                more_g, good_r = self.measure(good_b, reps - self.repetitions)
-                more_b, bad_r = self.measure(bad_b, reps - self.repetitions)
+                more_g, more_gr = self.measure(good_b, reps - self.repetitions,
+                                               f"bisect step 0: {_short(good_b)} (more repetitions)")
+                more_b, more_br = self.measure(bad_b, reps - self.repetitions,
+                                               f"bisect step 1: {_short(bad_b)} (more repetitions)")
+                good_r, bad_r = good_r + [more_gr], bad_r + [more_br]
                 good, bad = good + more_g, bad + more_b
                 differ, ci = ends_differ(good, bad, self.alpha)
                 res.ends_ci = ci
@@ -615,7 +609,7 @@ class Bisector:
                     f"{ci.diff:+.4g}, {100 * (1 - self.alpha):g} % Welch CI [{ci.low:.4g}, {ci.high:.4g}]")
         for i, (b, samples, r, verdict) in enumerate(((good_b, good, good_r, GOOD), (bad_b, bad, bad_r, BAD))):
             step = Step(i, 0 if verdict == GOOD else n - 1, b, samples, verdict, ends_why)
-            self._record(tracker, exp_id, parent, step, r)
+            self._record(step, r)
             res.steps.append(step)
         if not differ:
             res.outcome = "no_difference"
@@ -631,10 +625,10 @@ class Bisector:
             for attempt in (1, 2):  # an unclear build is measured once more: a burst of load passes
                 again = " again" if attempt > 1 else ""
                 self.say(f"step {len(res.steps)}: measuring build {index} ({b.label}){again}, {reps} repetitions")
-                samples, r = self.measure(b, reps)
+                samples, r = self.measure(b, reps, f"bisect step {len(res.steps)}: {_short(b)}")
                 v, why = classify(samples, good, bad, self.alpha)
                 step = Step(len(res.steps), index, b, samples, v, why)
-                self._record(tracker, exp_id, parent, step, r)
+                self._record(step, r)
                 res.steps.append(step)
                 self.say(f"  build {index}: {v}: {why}")
                 if v != UNCLEAR:
@@ -651,3 +645,7 @@ class Bisector:
         else:
             res.outcome = "found"
             res.message = f"first bad build: {first_bad} ({self.builds[first_bad].label})"
+
+
+def _short(build: Build) -> str:
+    return Path(build.label).name or build.label

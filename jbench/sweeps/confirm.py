@@ -91,9 +91,9 @@ def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, 
             if not members:
                 raise LookupError(f"unit {target.unit} is no longer a device entry of class {pool.device_class}")
             pool = dataclasses.replace(pool, members=members)
-    tracking = {**nightly.tracking, "experiment_name": experiment}
+    tracking = dataclasses.replace(nightly.tracking, experiment_name=experiment)
     # Every round is measured (nothing is "already FINISHED"), and no round is dropped for noise.
-    sweep = {**nightly.sweep, "rerun": True, "rounds": settings.pairs}
+    sweep = dataclasses.replace(nightly.sweep, rerun=True, rounds=settings.pairs)
     return dataclasses.replace(nightly, trials=trials, tracking=tracking, sweep=sweep, rounds=settings.pairs,
                                pool=pool, notes=[], problems=[])
 
@@ -126,7 +126,7 @@ def confirm(report: HistoryReport | RegressReport, runs: pd.DataFrame, nightly: 
     unit x configuration. KeyboardInterrupt propagates (the sweep restored the unit)."""
     from jbench.farm.coordinator import CoordinatorError
     from jbench.farm.places import FarmError
-    from jbench.sweeps.sweep import PreflightError, Sweep
+    from jbench.sweeps.sweep import PreflightError, run_sweep
 
     found, skipped = targets(report, runs)
     out = [_not_run(s) for s in skipped]
@@ -136,8 +136,8 @@ def confirm(report: HistoryReport | RegressReport, runs: pd.DataFrame, nightly: 
             f"{target.previous.binary_dir} vs new {target.new.binary_dir}, {settings.pairs} pairs")
         try:
             plan = confirmation_plan(nightly, target, settings, confirm_experiment)
-            swept = Sweep(plan, tracker_factory, every_unit=True, on_trial_start=on_trial_start,
-                          on_trial_end=on_trial_end).run()
+            swept = run_sweep(plan, tracker_factory, every_unit=True, on_trial_start=on_trial_start,
+                              on_trial_end=on_trial_end)
         except LookupError as exc:
             out.append(_not_run(target, f"cannot plan the confirmation: {exc}"))
             continue

@@ -124,21 +124,6 @@ def plan_nightly(device_class: str, *, experiment: str = "nightly", overrides: S
     return p
 
 
-def _check_store(p: Plan) -> tuple[str, bool]:
-    """(tracking URI, spool from the start) before any device is touched; NightlyError when it cannot be written."""
-    from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, store_problem
-
-    results_dir = p.tracking["results_dir"]
-    uri = resolve_uri(p.tracking.get("uri"), results_dir)
-    problem = database_problem(uri, "tracking.uri") or store_problem(uri, results_dir)
-    if problem:
-        raise NightlyError(f"cannot write results: {problem}")
-    down = server_problem(uri)
-    if down and (p.tracking.get("unreachable") or "stop") != "spool":
-        raise NightlyError(f"tracking server {redact(uri)}: {down}. Start it, or add tracking.unreachable=spool")
-    return uri, bool(down)
-
-
 def _check_baseline(uri: str, exp_name: str, baseline: Optional[str]) -> None:
     """A baseline that names a tag or a sweep must exist in the store before the devices are leased."""
     from jbench.analysis.regress import _parse_date
@@ -186,8 +171,14 @@ class Nightly:
         self.junit, self.markdown, self.report_dir = junit, markdown, report_dir
         self.plan = plan_nightly(device_class, experiment=experiment, overrides=overrides, config_dirs=config_dirs,
                                  results_dir=results_dir)
-        self.uri, self.spool = _check_store(self.plan)
-        self.experiment = self.plan.tracking.get("experiment_name") or self.plan.experiment
+        from jbench.sweeps.sweep import SweepInputError, check_store
+
+        try:
+            self.store = check_store(self.plan.tracking)
+        except SweepInputError as exc:
+            raise NightlyError(str(exc)) from None
+        self.uri = self.store.uri
+        self.experiment = self.plan.tracking.experiment_name or self.plan.experiment
         _check_baseline(self.uri, self.experiment, baseline)
 
     def run(self, *, on_trial_start: Callable[[Any], None] = lambda t: None,
@@ -195,29 +186,18 @@ class Nightly:
             say: Callable[[str], None] = lambda m: None) -> NightlyResult:
         """Sweep (leased and released by the class sweep), regress, report. KeyboardInterrupt propagates after
         the sweep recorded its runs as KILLED and gave the devices back."""
-        from jbench.farm.coordinator import CoordinatorError
-        from jbench.farm.places import FarmError
-        from jbench.sweeps.sweep import PreflightError, Sweep
-        from jbench.tracking.writer import Tracker
+        from jbench.sweeps.sweep import PreflightError, run_sweep, tracker_factory
 
-        made: list = []
-
-        def tracker() -> Any:
-            t = Tracker(self.plan.tracking.get("uri"), self.plan.tracking["results_dir"], spool=self.spool, notify=say)
-            made.append(t)
-            return t
-
+        tracker = tracker_factory(self.plan.tracking, self.store, say)
         try:
-            swept = Sweep(self.plan, tracker, on_trial_start=on_trial_start, on_trial_end=on_trial_end,
-                          every_unit=True).run()
+            swept = run_sweep(self.plan, tracker, on_trial_start=on_trial_start, on_trial_end=on_trial_end,
+                              every_unit=True)
         except PreflightError as exc:
             raise NightlyError(f"the devices of {self.device_class} are not ready; nothing was run:\n{exc}") from None
-        except (FarmError, CoordinatorError) as exc:
-            raise NightlyError(f"the farm gave no devices of {self.device_class}; nothing was run: {exc}") from None
         # The devices are released here: whatever regress and report do next, they hold nothing.
         result = NightlyResult(self.device_class, swept.experiment, swept.sweep_id, swept.parent_run_id,
                                swept.tracking_uri, swept.outcomes, ExitCode.NO_VERDICT, notes=list(swept.notes))
-        t = made[0] if made else None
+        t = swept.tracker
         report: Optional[RegressReport] = None
         if t is None or swept.parent_run_id is None:
             result.no_verdict_reason = "no trial ran"

@@ -19,32 +19,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
+from jbench.core.schema import SweepConfig, TrackingConfig
 from jbench.core.trial import Trial, context_tokens
+from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")
-
-
-POOL_PREFIX = "@"  # device=@CLASS: every unit of a device class
-
-
-@dataclass
-class Pool:
-    """The units a `device=@CLASS` sweep spreads its trials over. With a coordinator the units are the leased
-    places matching `selector` (count None: every matching place); without one, `members`: the device entries
-    of the config search path whose device_class is the class."""
-
-    device_class: str
-    members: list[dict] = field(default_factory=list)
-    coordinator: Optional[str] = None
-    selector: dict = field(default_factory=dict)
-    count: Optional[int] = None
-    farm: dict = field(default_factory=dict)  # the farm section (heartbeat, timeouts, quarantine)
-    config_dirs: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return POOL_PREFIX + self.device_class
 
 
 @dataclass
@@ -53,11 +33,11 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     dims: dict[str, Any] = field(default_factory=dict)
     experiment: str = "adhoc"
-    tracking: dict = field(default_factory=dict)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # cells dropped by the experiment's declared rules
     rounds: int = 1
-    sweep: dict = field(default_factory=dict)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     pool: Optional[Pool] = None  # device=@CLASS: trials are spread over the pool's units
 
 
@@ -492,15 +472,16 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
             # whichever unit runs it; the unit is recorded in tags.
             cell.config["device"] = {**cell.config["device"], "name": pool.name, "device_class": pool.device_class}
             cell.choices["device"] = pool.name
-    kept, notes = drop(ex.cells, exclude=(ex.sweep.get("exclude") or []) if use_grid else [],
-                       drop_beyond_context=bool(ex.sweep.get("drop_beyond_context")) and use_grid)
-    trials, problems = validate(kept, reserve_bytes=float(ex.sweep.get("memory_reserve_gb", 1.0)) * 1e9)
-    rounds = max(1, int(ex.sweep.get("rounds", 1)))
+    sweep, tracking = SweepConfig(**ex.sweep), TrackingConfig(**ex.tracking)
+    kept, notes = drop(ex.cells, exclude=sweep.exclude if use_grid else [],
+                       drop_beyond_context=sweep.drop_beyond_context and use_grid)
+    trials, problems = validate(kept, reserve_bytes=sweep.memory_reserve_gb * 1e9)
+    rounds = max(1, sweep.rounds)
     final = replicate(order(trials), rounds)
     if not final and notes:
         problems.append("the grid is empty after dropping: " + "; ".join(notes))
-    return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=ex.tracking,
-                overrides=list(overrides), notes=notes, rounds=rounds, sweep=ex.sweep, pool=pool)
+    return Plan(trials=final, problems=problems, dims=ex.dims, experiment=ex.experiment, tracking=tracking,
+                overrides=list(overrides), notes=notes, rounds=rounds, sweep=sweep, pool=pool)
 
 
 def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Optional[Pool], list[str]]:
