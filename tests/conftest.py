@@ -258,6 +258,11 @@ _saved_env: dict = {}
 
 
 def pytest_configure(config):
+    # The local device's lease and power-state files (conf/device/local.yaml) in a directory of this test process:
+    # a developer's own sweep, or another test process (pytest-xdist workers), never holds the tests' device.
+    if "JBENCH_STATE_DIR" not in _saved_env:
+        _saved_env["JBENCH_STATE_DIR"] = os.environ.get("JBENCH_STATE_DIR")
+        os.environ["JBENCH_STATE_DIR"] = tempfile.mkdtemp(prefix="jbench-test-state-")
     if TIER != "fast" or _restore:
         return
     _restore.extend(_install_guard())
@@ -267,6 +272,13 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    if "JBENCH_STATE_DIR" in _saved_env:
+        shutil.rmtree(os.environ["JBENCH_STATE_DIR"], ignore_errors=True)
+        previous = _saved_env.pop("JBENCH_STATE_DIR")
+        if previous is None:
+            os.environ.pop("JBENCH_STATE_DIR", None)
+        else:
+            os.environ["JBENCH_STATE_DIR"] = previous
     while _restore:
         owner, name, original = _restore.pop()
         setattr(owner, name, original)

@@ -14,6 +14,7 @@ import pytest
 from jbench.core import identity, schema
 from jbench.core.registry import backend_schemas
 from jbench.core.identity import HASH_VERSION, config_hash, flat_params, identity_items, run_hashes, trial_identity
+from jbench.core.schema import declaration as schema_declaration
 from jbench.core.schema import ident, nonident, undeclared_fields
 from jbench.models.digest import file_digest, model_digest, unchanged_local_digest
 from jbench.sweeps.plan import plan
@@ -356,3 +357,59 @@ def test_canonical_values_are_the_params_the_runner_records(value):
     from jbench.tracking.common import param_value
 
     assert identity.canonical(value) == param_value(value)
+
+
+# --- Defect: adding an identity field with a default must not change any old trial's identity ------------------
+
+
+def _current_identity_keys() -> set[str]:
+    keys = set()
+    for name, schema in backend_schemas().items():
+        scenarios = {None}
+        for f in dataclasses.fields(schema):
+            declared = schema_declaration(f)
+            if isinstance(declared, tuple):
+                scenarios.update(declared)
+        for scenario in scenarios:
+            keys.update(identity.frozen_name(leaf.path, name) for leaf in identity.identity_leaves(name, scenario))
+    return keys
+
+
+def test_every_identity_key_is_frozen_at_v2_or_registered_with_its_default():
+    from jbench.core.identity_keys import ADDED_DEFAULTS, V2_KEYS
+
+    new = sorted(_current_identity_keys() - V2_KEYS - set(ADDED_DEFAULTS))
+    assert not new, ("new identity key(s) " + ", ".join(new) + ": add each to ADDED_DEFAULTS in "
+                     "jbench/core/identity_keys.py with its default as jbench.core.identity.canonical() writes it, "
+                     "so trials recorded before it existed keep their identity")
+
+
+def test_a_new_identity_field_at_its_default_keeps_every_recorded_hash(monkeypatch):
+    from jbench.backends.llamacpp.backend import LlamaCppConfig
+    from jbench.core import identity_keys
+
+    ladder = plan(["+experiment=quant_ladder"]).trials
+    before = [(t.config_hash, trial_identity(t.config, build=BUILD, model_digest=DIGEST)) for t in ladder]
+
+    @dataclasses.dataclass
+    class WithNewKnob(LlamaCppConfig):
+        new_knob: int = ident(7)
+
+    monkeypatch.setattr(identity, "_backend_schema", lambda name: WithNewKnob if name == "llamacpp" else None)
+    identity.identity_leaves.cache_clear()
+    try:
+        def hashes(configs):
+            return [(config_hash(c), trial_identity(c, build=BUILD, model_digest=DIGEST)) for c in configs]
+
+        # Unregistered, the field at its default would change every trial's identity: the defect this guards.
+        assert all(a != b for a, b in zip(hashes([t.config for t in ladder]), before))
+        monkeypatch.setitem(identity_keys.ADDED_DEFAULTS, "llamacpp:backend.new_knob", "7")
+        assert hashes([t.config for t in ladder]) == before  # absent: its default
+        assert hashes([_set(t.config, "backend.new_knob", 7) for t in ladder]) == before  # given at its default
+        changed = hashes([_set(t.config, "backend.new_knob", 8) for t in ladder])
+        assert all(a[0] != b[0] and a[1] != b[1] for a, b in zip(changed, before))  # away from it: a new trial
+        # A recorded run (params written before the field existed) is identified as before too.
+        p0 = flat_params(ladder[0].config)
+        assert run_hashes(p0, {"backend.build_commit": BUILD, "model.sha256": DIGEST})[0] == before[0][0]
+    finally:
+        identity.identity_leaves.cache_clear()

@@ -303,3 +303,19 @@ def test_resume_matches_on_identity_so_another_build_runs_again(tmp_path, monkey
     assert set(df["tags.jbench.build"]) == {"0c1e57098", "b4d5e6f"}
     assert set(df["tags.jbench.hash_version"]) == {"2"} and df["tags.jbench.identity"].nunique() == 2
     assert df["tags.jbench.config_hash"].nunique() == 1  # same configuration: compare/regress still match them
+
+
+def test_two_units_running_the_same_trial_keep_their_own_trial_logs():
+    """A nightly over a class runs trial 3 on every unit at once: each run's trial.log holds its unit's lines only
+    (a logger named by the trial index alone was shared, and both logs got both units' lines)."""
+    from jbench.core.trial import Trial
+    from jbench.runner.context import TrialLog
+
+    trial = Trial(3, {"device": {"name": "@orin"}}, {}, {}, "h")
+    logs = {unit: TrialLog(trial, unit) for unit in ("u1", "u2")}
+    for unit, tlog in logs.items():
+        tlog.logger.info("measured on %s", unit)
+    for unit, tlog in logs.items():
+        other = "u2" if unit == "u1" else "u1"
+        assert f"measured on {unit}" in tlog.text() and f"measured on {other}" not in tlog.text()
+        tlog.close()

@@ -107,3 +107,14 @@ def test_single_value_on_the_command_line_pins_a_grid_dimension():
     p = plan(["+experiment=quant_ladder", "model.quant=Q8_0"])
     assert len(p.trials) == 1 and p.trials[0].config["model"]["quant"] == "Q8_0"
     assert "model.quant" not in p.dims
+
+
+@pytest.mark.parametrize("override", ["tracking.results_dir=/tmp/a,/tmp/b", "tracking.experiment_name=x,y",
+                                      "tracking=local,team"])
+def test_tracking_is_not_a_sweep_dimension(tmp_path, override):
+    """Sweeping where results go sent every trial to the first store; one sweep has one store (its parent run)."""
+    (tmp_path / "tracking").mkdir()
+    (tmp_path / "tracking" / "team.yaml").write_text("defaults: [tracking_schema, _self_]\nuri: http://127.0.0.1:5999\n")
+    with pytest.raises(ConfigError, match="not a sweep dimension"):
+        plan([override], [tmp_path])
+    assert plan(["tracking.experiment_name=x"], [tmp_path]).tracking.experiment_name == "x"  # one value pins it

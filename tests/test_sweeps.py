@@ -184,6 +184,28 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
 
 
 @pytest.mark.e2e
+def test_dry_run_promises_a_skip_only_for_the_same_build(tmp_path, llama_build, bundled_model):
+    """Resume matches a trial's identity (configuration + backend build + model file); so does --dry-run's promise.
+    After a rebuild (another commit) the same configuration is not "already FINISHED"."""
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
+    small = ["backend.n_prompt=8", "backend.n_gen=2", "backend.repetitions=1", "telemetry.source=none"]
+    assert jbench_cli(["run", *small], env_extra=env).returncode == 0
+    same = jbench_cli(["run", *small, "--dry-run"], env_extra=env)
+    assert "1 already FINISHED with the same build" in same.stdout, same.stdout
+    rebuilt = tmp_path / "rebuilt"  # the same binary reporting another commit, as a rebuild would
+    rebuilt.mkdir()
+    (rebuilt / "llama-bench").write_text(
+        "#!/bin/sh\n# Test fixture: the cached llama-bench under another build commit.\n"
+        'if [ "$1" = "--version" ]; then echo "version: 9999 (deadbee)"; exit 0; fi\n'
+        f'exec {llama_build["bin_dir"]}/llama-bench "$@"\n')
+    (rebuilt / "llama-bench").chmod(0o755)
+    other = jbench_cli(["run", *small, f"backend.binary_dir={rebuilt}", "--dry-run"], env_extra=env)
+    assert other.returncode == 0 and "already FINISHED" not in other.stdout, other.stdout
+    ran = jbench_cli(["run", *small, f"backend.binary_dir={rebuilt}"], env_extra=env)
+    assert ran.returncode == 0 and "SKIPPED" not in ran.stdout, ran.stdout  # the promise held: it ran
+
+
+@pytest.mark.e2e
 @pytest.mark.ssh
 def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model):
     fake = tmp_path / "bin"

@@ -285,18 +285,23 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         for e, row in zip(ests, rows):
             row["estimate_s"] = round(e.seconds, 1) if e.seconds else None
             row["already_finished"] = e.finished
+            row["finished_unsure"] = e.unsure
             est = f"~{e.seconds:.0f} s" if e.seconds else "no estimate"
             t = e.trial
             full = f"{escape(t.label)}  " if t.label != trial_label(t, keys) else ""
             console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{full}{t.config_hash}  {est}[/]",
                           highlight=False)
-        known = sum(e.seconds or 0.0 for e in ests)
         unknown = sum(1 for e in ests if not e.seconds)
-        done = sum(1 for e in ests if e.finished)
-        console.print(f"estimated duration: {known / 60:.1f} min for {len(ests) - unknown} trial(s) from earlier "
-                      f"runs of the same configuration; {unknown} trial(s) without history"
-                      + (f"; {done} already FINISHED (resume skips them unless sweep.rerun=true)" if done else ""),
-                      highlight=False)
+        done = sum(1 for e in ests if e.finished and not e.unsure)
+        unsure = sum(1 for e in ests if e.unsure)
+        todo = [e.seconds or 0.0 for e in ests if not e.finished]
+        console.print(f"estimated duration: {sum(todo) / 60:.1f} min for the {len(todo)} trial(s) to run "
+                      f"({len(todo) - sum(1 for e in ests if not e.finished and not e.seconds)} with an estimate from "
+                      f"earlier runs of the same configuration); {unknown} trial(s) without history"
+                      + (f"; {done} already FINISHED with the same build and model file (resume skips them unless "
+                         "sweep.rerun=true)" if done else "")
+                      + (f"; {unsure} FINISHED earlier with the same configuration on a remote device (skipped only "
+                         "if its backend build and model file are unchanged)" if unsure else ""), highlight=False)
         if fmt != "table":
             click.echo(format_records(rows, fmt), nl=False)
         return

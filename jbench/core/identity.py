@@ -25,11 +25,15 @@ runs of different builds on); `trial_identity` adds the build and the model dige
 on: a different build or another file is not "already FINISHED").
 
 Canonical form (HASH_VERSION 2): the config is flattened to dotted keys the way the runner logs MLflow
-params (jbench.trial.flatten), each value written as its param string (None -> "null", lists and dicts as
+params (jbench.core.trial.flatten), each value written as its param string (None -> "null", lists and dicts as
 sorted JSON, else str()). So the identity of a recorded run can be computed again from its params and tags
-(`run_hashes`): version-1 runs (no `jbench.hash_version` tag) are migrated on read, and a run that lacks
-an identity key the schema gained later gets the field's default (a new field's default keeps the old
-behaviour). Version 1 excluded known non-semantic keys instead and hashed the nested config.
+(`run_hashes`): version-1 runs (no `jbench.hash_version` tag) are migrated on read. Version 1 excluded known
+non-semantic keys instead and hashed the nested config.
+
+Keys added later: the identity keys of version 2 are frozen in jbench.core.identity_keys; a key added since is
+registered there with its default, and at that default it is left out of the hash. So adding a field changes no
+recorded trial's identity (a trial at the new field's default is the trial it was before), while a trial that sets
+it to anything else is a new trial. A test fails on an identity key that is neither frozen nor registered.
 """
 
 from __future__ import annotations
@@ -45,10 +49,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from jbench.core import registry
+from jbench.core.identity_keys import ADDED_DEFAULTS
 from jbench.core.registry import backend_schemas
 from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig, _nested_schema, declaration
 
 HASH_VERSION = 2
+
+_UNSET = object()
 
 # Tags a run records (see docs in trial_identity's docstring).
 TAG_VERSION = "jbench.hash_version"
@@ -254,8 +261,21 @@ def identity_params(config: Mapping) -> dict[str, str]:
     return {k: v for k, v in identity_items(config).items() if v != "null"}
 
 
+def frozen_name(key: str, backend: Optional[str]) -> str:
+    """A key as jbench.core.identity_keys names it: a backend's keys with the backend's name in front."""
+    return f"{backend}:{key}" if key.startswith("backend.") else key
+
+
+def _hashed(config: Mapping[str, str]) -> dict[str, str]:
+    """The items a hash is made of: a key added after HASH_VERSION 2 began counts only away from the default it had
+    when it was added (jbench.core.identity_keys), so adding it changed no recorded trial's identity."""
+    backend = config.get("backend.name")
+    return {HASHED_AS.get(k, k): v for k, v in config.items()
+            if ADDED_DEFAULTS.get(frozen_name(k, backend), _UNSET) != v}
+
+
 def _digest(payload: dict) -> str:
-    payload = {**payload, "config": {HASHED_AS.get(k, k): v for k, v in payload["config"].items()}}
+    payload = {**payload, "config": _hashed(payload["config"])}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

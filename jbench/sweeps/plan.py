@@ -24,7 +24,7 @@ from jbench.core.trial import Trial, context_tokens
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
 
-GROUP_DIMS = ("device", "backend", "model", "tracking")
+GROUP_DIMS = ("device", "backend", "model", "tracking")  # tracking: one value only (one sweep, one store)
 
 
 @dataclass
@@ -327,6 +327,12 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
             raise ConfigError(f"sweep.grid.{key} must be a non-empty list of values")
         dims[key] = values
     dims.update(cli_dims)
+    # One sweep, one store: its parent run holds every trial, and resume looks in one place.
+    stores = [k for k, vs in dims.items() if (k == "tracking" or k.startswith("tracking.")) and len(vs) > 1]
+    if stores:
+        raise ConfigError(f"'{stores[0]}' has several values, but tracking says where a sweep's results go and is not "
+                          f"a sweep dimension: run one sweep per store (e.g. `jbench sweep ... {stores[0]}=VALUE` "
+                          "once for each)")
     group_dims = {k: [str(v) for v in vs] for k, vs in dims.items() if k in GROUP_DIMS}
     links = (sweep_cfg.get("link") or []) if use_grid else []
 

@@ -545,32 +545,60 @@ def tracker_factory(tracking: Any, store: Store, notify: Callable[[str], None] =
 class Estimate:
     trial: Trial
     seconds: Optional[float]  # from an earlier FINISHED run of the same configuration, else None
-    finished: bool  # a FINISHED run of this trial exists (resume skips it unless sweep.rerun=true)
+    finished: bool  # resume will skip it: a FINISHED run with its identity exists (unless sweep.rerun=true)
+    unsure: bool = False  # finished by configuration only: its build and model file on a remote device not read
+
+
+def _local_identities(plan: Plan) -> dict[int, TrialIdentity]:
+    """The identity of each trial on this machine (read-only: the backend build and the model files are looked at,
+    nothing is leased or changed). Trials on other devices are left out."""
+    local = [t for t in plan.trials if (t.config["device"].get("kind") or "local") == "local"]
+    if not local or plan.pool is not None:
+        return {}
+    first = local[0].config
+    with DeviceSession(first["device"], first.get("profile"), owner="dry-run") as session:
+        if session.connect():
+            return {}
+        return preflight(session, local).identities
 
 
 def estimates(plan: Plan) -> list[Estimate]:
-    """Each planned trial's expected duration from the store's history, without creating a store or touching a
-    device (`--dry-run`). A tracking server that does not answer gives no estimates, not an error."""
+    """Each planned trial's expected duration from the store's history and whether resume will skip it, without
+    creating a store (`--dry-run`). Resume matches a trial's identity (configuration, backend build, model file):
+    on this machine the identity is computed as the sweep would; a trial on a remote device is matched by its
+    configuration and marked unsure. A tracking server that does not answer gives no estimates, not an error."""
     from jbench.tracking.common import resolve_uri, store_exists
 
     uri = resolve_uri(plan.tracking.uri, plan.tracking.results_dir)
-    history: dict[str, dict] = {}
+    by_config: dict[str, dict] = {}
+    by_identity: dict[str, dict] = {}
+    identities: dict[int, TrialIdentity] = {}
     if store_exists(uri):
         from jbench.tracking.resume_index import finished_trials_sqlite
 
         exp_name = plan.tracking.experiment_name or plan.experiment
         fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
         if fast is not None:
-            history = fast
+            by_config = fast
+            by_identity = finished_trials_sqlite(uri, exp_name, key="identity") or {}
         else:
             from jbench.tracking.reader import finished_trials  # imports mlflow: only when sqlite3 cannot answer
 
             try:
-                history = finished_trials(uri, exp_name)
+                by_config = finished_trials(uri, exp_name)
+                by_identity = finished_trials(uri, exp_name, key="identity")
             except Exception as exc:  # an unreachable tracking server must not stop a dry run
                 log.warning("no duration estimate: %s", exc)
+        if by_config and not plan.sweep.rerun:
+            identities = _local_identities(plan)
     out = []
     for t in plan.trials:
-        entry = history.get(t.resume_key) or history.get(resume_key(t.config_hash, 1)) or {}
-        out.append(Estimate(t, entry.get("wall_s") or None, t.resume_key in history))
+        entry = by_config.get(t.resume_key) or by_config.get(resume_key(t.config_hash, 1)) or {}
+        if plan.sweep.rerun:
+            finished, unsure = False, False
+        elif t.index in identities:
+            finished, unsure = resume_key(identities[t.index].hash, t.round) in by_identity, False
+        else:
+            finished, unsure = t.resume_key in by_config, t.resume_key in by_config
+        out.append(Estimate(t, entry.get("wall_s") or None, finished, unsure))
     return out
