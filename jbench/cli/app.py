@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from jbench.core.provenance import JBENCH_VERSION as __version__
+from jbench.core.errors import UserError
 from jbench.core.exitcodes import ExitCode
 
 # soft_wrap: messages are never hard-wrapped (a pipe is 80 columns to rich); tables still fit the width.
@@ -97,7 +98,17 @@ def common_options(fn: Optional[Callable] = None, *, results_dir: bool = True) -
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The `jbench` group: a UserError raised anywhere below a command is its one-line error (exit 2)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            raise _fail(str(exc)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="jbench")
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logs (also MLflow's).")
 @click.option("--results-dir", default=None, type=click.Path(file_okay=False),

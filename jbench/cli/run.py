@@ -307,7 +307,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         return
 
     try:
-        store = check_store(plan_.tracking)
+        store = check_store(plan_.tracking, plan_.experiment)
     except SweepInputError as exc:
         raise _fail(str(exc)) from None
     if store.spool:

@@ -30,7 +30,7 @@ from jbench.device.connection import Connection, DeviceError
 from jbench.device.fingerprint import host_fingerprint
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.lease import DeviceLease
-from jbench.device.power import PowerStrategy
+from jbench.device.power import PowerStrategy, read_power_modes
 from jbench.models.digest import model_digest
 from jbench.models.store import ModelError, resolve_model_file
 
@@ -310,3 +310,25 @@ class DeviceSession:
         if self._model_found[path]:
             return None
         return f"model file {path} not found on device '{conn.name}': copy it there or fix model.files / model.path_template"
+
+
+class PowerModesError(DeviceError):
+    """A device's power modes could not be read."""
+
+
+_DEVICE_MODES_CACHE: dict[str, list[str]] = {}  # per device entry, for the group loop of one plan
+
+
+def device_power_modes(device: dict) -> list[str]:
+    """The mode names of the device's own /etc/nvpmodel.conf, by id (one read-only command on the device, while a
+    sweep is planned: `"@device.power_modes"`). PowerModesError when the device cannot be read."""
+    name = device.get("name", "?")
+    key = repr((name, device.get("kind"), device.get("host"), device.get("port"), device.get("paths")))
+    if key not in _DEVICE_MODES_CACHE:
+        try:
+            with connect(device) as conn:
+                modes = read_power_modes(conn, (device.get("paths") or {}).get("nvpmodel_conf", "/etc/nvpmodel.conf"))
+        except DeviceError as exc:
+            raise PowerModesError(f"@device.power_modes reads the power modes from device '{name}': {exc}") from None
+        _DEVICE_MODES_CACHE[key] = [n for n, _ in sorted(modes.items(), key=lambda kv: kv[1])]
+    return list(_DEVICE_MODES_CACHE[key])

@@ -174,7 +174,7 @@ class Nightly:
         from jbench.sweeps.sweep import SweepInputError, check_store
 
         try:
-            self.store = check_store(self.plan.tracking)
+            self.store = check_store(self.plan.tracking, self.plan.experiment)
         except SweepInputError as exc:
             raise NightlyError(str(exc)) from None
         self.uri = self.store.uri

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
 from jbench.core.schema import SweepConfig, TrackingConfig
 from jbench.core.trial import Trial, context_tokens
+from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
 
@@ -113,27 +114,6 @@ def _check_value(cfg, key: str, value: Any) -> tuple[Any, Optional[str]]:
         return None, explain_compose_error(exc, [])
 
 
-_DEVICE_MODES_CACHE: dict[str, list[str]] = {}  # per device entry, for the group loop of one plan
-
-
-def device_power_modes(device: dict) -> list[str]:
-    """The mode names of the device's own /etc/nvpmodel.conf, by id (one read-only command on the device)."""
-    from jbench.device.connect import connect
-    from jbench.device.connection import DeviceError
-    from jbench.device.power import read_power_modes
-
-    name = device.get("name", "?")
-    key = repr((name, device.get("kind"), device.get("host"), device.get("port"), device.get("paths")))
-    if key not in _DEVICE_MODES_CACHE:
-        try:
-            with connect(device) as conn:
-                modes = read_power_modes(conn, (device.get("paths") or {}).get("nvpmodel_conf", "/etc/nvpmodel.conf"))
-        except DeviceError as exc:
-            raise ConfigError(f"@device.power_modes reads the power modes from device '{name}': {exc}") from None
-        _DEVICE_MODES_CACHE[key] = [n for n, _ in sorted(modes.items(), key=lambda kv: kv[1])]
-    return list(_DEVICE_MODES_CACHE[key])
-
-
 def _resolve_special(values: Any, key: str, profile: Optional[dict], device: Optional[dict] = None) -> list:
     """A grid value "@device.power_modes" takes the device's own mode names (its nvpmodel.conf); "@profile.<field>"
     takes a list from the device's module profile."""
@@ -141,7 +121,10 @@ def _resolve_special(values: Any, key: str, profile: Optional[dict], device: Opt
         if not (device and device.get("profile")):
             raise ConfigError(f"sweep.grid.{key}: @device.power_modes needs a Jetson device (device=NAME with "
                               "device.profile set); this device has none")
-        return device_power_modes(device)
+        try:
+            return device_power_modes(device)
+        except PowerModesError as exc:
+            raise ConfigError(str(exc)) from None
     if isinstance(values, str) and values.startswith("@profile."):
         field_name = values[len("@profile."):]
         if not profile:

@@ -495,9 +495,10 @@ class Store:
 _STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "databricks", "databricks-uc")
 
 
-def check_store(tracking: Any) -> Store:
-    """The results directory and store can be written, the URI is one MLflow can open, and a tracking server answers
-    (else tracking.unreachable decides: stop with SweepInputError, or spool). `tracking`: the plan's TrackingConfig."""
+def check_store(tracking: Any, experiment: str) -> Store:
+    """The results directory and store can be written, the URI is one MLflow can open, a tracking server answers
+    (else tracking.unreachable decides: stop with SweepInputError, or spool), and the experiment was not written by
+    a newer jbench. `tracking`: the plan's TrackingConfig; `experiment`: the MLflow experiment the runs go to."""
     from urllib.parse import urlparse
 
     from jbench.tracking.common import (database_problem, redact, resolve_uri, server_problem, spool_dir,
@@ -520,6 +521,12 @@ def check_store(tracking: Any) -> Store:
         raise SweepInputError(f"tracking.unreachable={tracking.unreachable}: use stop or spool")
     down = server_problem(uri)
     if down is None:
+        from jbench.tracking.format import StoreFormatError, check
+
+        try:
+            check(uri, tracking.experiment_name or experiment)
+        except StoreFormatError as exc:
+            raise SweepInputError(str(exc)) from None
         return Store(uri, shown, False)
     if tracking.unreachable == "stop":
         raise SweepInputError(f"tracking server {shown}: {down}. Start it, fix tracking.uri / $MLFLOW_TRACKING_URI, "

@@ -14,7 +14,9 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
-from jbench.tracking.common import is_remote, resolve_uri, server_problem
+from jbench.core.protocol import STORE_FORMAT_TAG
+from jbench.tracking.format import StoreFormatError, check_tag
+from jbench.tracking.common import is_remote, redact, resolve_uri, server_problem
 from jbench.core.trial import resume_key
 
 
@@ -249,12 +251,21 @@ def runs_frame(
             token = page.token
             if not token:
                 break
+        readable = []
+        for exp in experiments:  # one written by a newer jbench is left out, never reinterpreted
+            try:
+                check_tag(exp.tags.get(STORE_FORMAT_TAG), f"experiment '{exp.name}' in {redact(client.tracking_uri)}")
+                readable.append(exp)
+            except StoreFormatError as exc:
+                log.warning("%s", exc)
+        experiments = readable
     else:
         experiments = []
         for name in experiment_names:
             exp = client.get_experiment_by_name(name)
             if exp is None or exp.lifecycle_stage == "deleted":
                 raise LookupError(f"no experiment named '{name}' in {client.tracking_uri}")
+            check_tag(exp.tags.get(STORE_FORMAT_TAG), f"experiment '{name}' in {redact(client.tracking_uri)}")
             experiments.append(exp)
     exp_names = {e.experiment_id: e.name for e in experiments}
 
@@ -447,8 +458,10 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
         # The sweep measures into the spool (tracking.unreachable=spool): nothing can be resumed from a dead server.
         log.info("tracking server %s does not answer: no trial is skipped as already FINISHED", uri)
         return {}
-    if _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name) is None:
+    exp = _reading_client(uri_or_tracker).get_experiment_by_name(experiment_name)
+    if exp is None:
         return {}
+    check_tag(exp.tags.get(STORE_FORMAT_TAG), f"experiment '{experiment_name}'")
     df = runs_frame(uri_or_tracker, [experiment_name], kinds=("trial",))
     found: dict[str, dict] = {}
     if df.empty:

@@ -31,6 +31,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
+from jbench.core.protocol import STORE_FORMAT_TAG
+from jbench.tracking.format import check_tag, format_to_write
 from jbench.tracking.common import (
     _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, redact, resolve_uri, spool_dir,
 )
@@ -317,12 +319,17 @@ class Tracker:
 
     @experiment_write
     def describe_experiment(self, experiment_id: str, description: str) -> None:
-        """The experiment's description (the UI's About panel) and its kind: MLflow 3 opens an experiment
-        on its GenAI pages ("Traces 0") unless `mlflow.experimentKind` says it holds model runs."""
+        """The experiment's description (the UI's About panel), its kind (MLflow 3 opens an experiment on its GenAI
+        pages, "Traces 0", unless `mlflow.experimentKind` says it holds model runs) and jbench's store format;
+        StoreFormatError when a newer jbench wrote it."""
         tags = {"mlflow.experimentKind": "custom_model_development"}
         if description:
             tags["mlflow.note.content"] = description
         exp = self.client.get_experiment(experiment_id)
+        found = exp.tags.get(STORE_FORMAT_TAG)
+        check_tag(found, f"experiment '{exp.name}' in {self.shown_uri}")  # never write into a newer jbench's record
+        if format_to_write(found):
+            tags[STORE_FORMAT_TAG] = format_to_write(found)
         for key, value in tags.items():
             if exp.tags.get(key) != value:
                 self.client.set_experiment_tag(experiment_id, key, value)

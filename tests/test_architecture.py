@@ -1,0 +1,105 @@
+"""The shape of the code, checked: the import-linter contracts of pyproject.toml (layers, what may import mlflow
+and labgrid, workflows holding devices only through the run layer), no import cycles between modules, and threads
+started only by the run layer's scheduler."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "jbench"
+
+
+def test_the_import_linter_contracts_hold(capsys):
+    from importlinter.cli import lint_imports
+
+    cwd = os.getcwd()
+    os.chdir(REPO)  # import-linter reads pyproject.toml from the working directory
+    try:
+        code = lint_imports(config_filename=str(REPO / "pyproject.toml"), no_cache=True, no_logo=True)
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "BROKEN" not in out and "0 broken" in out, out
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the cycles of a module graph as components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_module_imports_itself_through_others():
+    """Every import counts, also those inside functions: a cycle hidden behind a function-level import is a cycle."""
+    import grimp
+
+    g = grimp.build_graph("jbench")
+    graph = {m: {i for i in g.find_modules_directly_imported_by(m) if i.startswith("jbench")} for m in g.modules}
+    assert _strongly_connected(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _thread_starts(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text())
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("Thread", "ThreadPoolExecutor", "ProcessPoolExecutor", "start_new_thread"):
+                lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("package", ["runner", "sweeps"])
+def test_only_the_scheduler_starts_threads_in_the_run_layer_and_the_workflows(package):
+    found = {str(p.relative_to(REPO)): lines for p in sorted((PACKAGE / package).rglob("*.py"))
+             if (lines := _thread_starts(p)) and p.name != "scheduler.py"}
+    assert found == {}
+    assert _thread_starts(PACKAGE / "runner" / "scheduler.py"), "the scheduler is where threads start"
