@@ -47,3 +47,12 @@ def test_percentile_is_numpys_linear_type_7():
         for q in (0, 1, 50, 90, 95, 99, 99.9, 100):
             assert percentile(values, q) == pytest.approx(_closest_ranks(values, q), rel=1e-12)
     assert math.isnan(percentile([], 50))
+
+
+@pytest.mark.parametrize("q, df", [(0.975, 2), (0.975, 1.5), (0.995, 10), (0.5, 3), (0.025, 4), (0.9, 250)])
+def test_t_quantile_is_scipy_stats_t_ppf(q, df):
+    from scipy import stats
+
+    from jbench.analysis.stats import t_ppf
+
+    assert t_ppf(q, df) == pytest.approx(float(stats.t.ppf(q, df)), rel=1e-12, abs=1e-12)

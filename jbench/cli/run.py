@@ -440,6 +440,10 @@ def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, in
         return _show_config(cfg, package, overrides, config_dirs, use_grid)
     if package:
         raise _fail("--package selects a part of --cfg's output: add --cfg job or --cfg sweep")
+    if not dry_run:
+        from jbench.runner.recorder import preload
+
+        preload()  # MLflow's import overlaps planning and the device checks
     _execute(_plan(overrides, config_dirs, use_grid=use_grid), dry_run, fmt)
 
 

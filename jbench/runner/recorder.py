@@ -363,6 +363,14 @@ class Recorder:
         return box[0]
 
 
+def preload(module: str = "jbench.tracking.writer") -> None:
+    """Import the store's writer (MLflow, ~1.5 CPU-s) in the background while the caller plans and checks devices:
+    no store is opened or created, so a sweep that ends up running nothing leaves nothing behind."""
+    import importlib
+
+    background(lambda: importlib.import_module(module), "jbench-preload")
+
+
 def source_tags(argv: list[str], git_sha: str) -> dict[str, str]:
     """MLflow's standard who/what fields: the user, the command that ran, jbench's commit."""
     import getpass
