@@ -105,7 +105,7 @@ def doc_tables(text: str) -> Iterator[tuple[str, int, list[tuple[str, str, str]]
             if not row.startswith("|"):
                 break
             cells = [c.strip() for c in row.strip().strip("|").split("|")]
-            assert len(cells) == 3 and re.fullmatch(r"`[^`]+`", cells[0]), f"not a `name` | unit | description row: {row}"
+            assert len(cells) == 3 and re.fullmatch(r"`[^`]+`", cells[0]), f"not a name | unit | description row: {row}"
             rows.append((cells[0].strip("`"), cells[1], cells[2]))
         yield marker.group(1), i + 1, rows
 
@@ -361,3 +361,11 @@ def test_every_declaration_has_a_producer():
     dead = [n for n in M.declared_names() if n not in runtime and not any(p.fullmatch(n) for p in patterns)]
     assert not dead, f"declared but never written by jbench: {dead}"
     assert {f"p{q}" for q in PERCENTILES} == {f"p{q}" for q in M.PLACEHOLDERS["q"]}
+
+
+def test_history_judges_its_series_in_the_declared_direction_and_unit():
+    from jbench.analysis.history import METRICS, UNITS
+
+    assert METRICS == {"decode_tps": 1, "prefill_tps": 1, "ttft_ms_p50": -1, "decode_tokens_per_joule": 1}
+    assert UNITS == {"decode_tps": "tok/s", "prefill_tps": "tok/s", "ttft_ms_p50": "ms",
+                     "decode_tokens_per_joule": "tok/J"}

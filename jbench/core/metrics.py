@@ -28,7 +28,8 @@ from functools import cached_property
 from typing import Iterator, Literal, Optional
 
 __all__ = [
-    "PLACEHOLDERS", "UNITS", "HIGHER", "LOWER", "GROUPS", "DECLARATIONS", "MetricDecl", "UnknownMetric",
+    "PLACEHOLDERS", "UNITS", "HIGHER", "LOWER", "GROUPS", "DECLARATIONS", "MEASURE", "PHASE_SPEED", "ROOFLINE",
+    "SWEEP", "BISECT", "MetricDecl", "UnknownMetric",
     "metric", "find", "is_declared", "unit_of", "declared_names", "declarations", "provided_by", "required_by",
     "stage_dependencies", "metrics_table",
 ]

@@ -33,7 +33,8 @@ import pandas as pd
 
 from jbench.core.metrics import is_declared
 
-__all__ = ["FORMATS", "SUMMARY_COLUMNS", "Exporter", "export", "exporter", "register", "to_frame", "format_cell"]
+__all__ = ["FORMATS", "SUMMARY_COLUMNS", "Exporter", "export", "exporter", "register", "to_frame", "format_cell",
+           "numeric_columns"]
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -124,8 +125,9 @@ def numeric_columns(frame: pd.DataFrame) -> list[str]:
 
 def _text(frame: pd.DataFrame, float_format: Optional[str]) -> pd.DataFrame:
     """Every cell as its table text, same columns."""
-    return pd.DataFrame([[format_cell(v, float_format) for v in row] for row in frame.itertuples(index=False, name=None)],
-                        columns=frame.columns, dtype=object)
+    rows = frame.itertuples(index=False, name=None)
+    return pd.DataFrame([[format_cell(v, float_format) for v in row] for row in rows], columns=frame.columns,
+                        dtype=object)
 
 
 class Exporter(ABC):
