@@ -55,14 +55,16 @@ from jbench.analysis.regress import FINGERPRINT_TAGS as PAIRWISE_FINGERPRINT
 from jbench.analysis.regress import environment_changes
 from jbench.analysis.stats import t_ppf
 from jbench.core.exitcodes import ExitCode
+from jbench.core.metrics import metric as declared_metric
 
 __all__ = ["METRICS", "FINGERPRINT_TAGS", "DetectorSettings", "DEFAULT_SETTINGS", "Night", "Series", "Change",
            "SeriesResult", "HistoryReport", "HistoryError", "build_series", "detect_changes", "judge", "history",
            "REGRESSION", "IMPROVEMENT", "NO_CHANGE", "NO_VERDICT", "CHANGED_ENV"]
 
-# metric -> +1 when higher is better, -1 when lower is better
-METRICS: dict[str, int] = {"decode_tps": 1, "prefill_tps": 1, "ttft_ms_p50": -1, "decode_tokens_per_joule": 1}
-UNITS = {"decode_tps": "tok/s", "prefill_tps": "tok/s", "ttft_ms_p50": "ms", "decode_tokens_per_joule": "tok/J"}
+# The series judged, each metric -> +1 when higher is better, -1 when lower is; direction and unit as declared.
+METRICS: dict[str, int] = {m: declared_metric(m).sign
+                           for m in ("decode_tps", "prefill_tps", "ttft_ms_p50", "decode_tokens_per_joule")}
+UNITS = {m: declared_metric(m).unit for m in METRICS}
 # What a night's environment is: the pairwise gate's fingerprint plus the power state read back from the device.
 FINGERPRINT_TAGS = (*PAIRWISE_FINGERPRINT, "power.mode_actual", "power.jetson_clocks_actual")
 

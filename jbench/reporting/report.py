@@ -45,6 +45,7 @@ import pandas as pd
 
 from jbench.analysis.compare import TPJ_RE, SamplesArg, normalize_samples
 from jbench.analysis.roofline import RooflineError, bytes_per_weight, dominant_ggml_type
+from jbench.reporting.exporters import export
 
 __all__ = ["ReportFiles", "build_report", "export_frame", "bits_per_weight", "pareto_frontier"]
 
@@ -127,37 +128,20 @@ def _tpj_column(df: pd.DataFrame, phase: str = "decode") -> Optional[str]:
     return bare[0] if bare else None
 
 
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, (float, np.floating)):
-        return f"{v:.4g}"
-    return str(v)
+# Report tables show 4 significant digits; every column of the frame, in its order.
+_REPORT_FLOAT = "%.4g"
 
 
 def _md_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "_(no rows)_\n"
-    cols = [str(c) for c in df.columns]
-    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(esc(_fmt(v)) for v in row) + " |")
-    return "\n".join(lines) + "\n"
+    return export(df, "md", columns=list(df.columns), float_format=_REPORT_FLOAT)
 
 
 def _html_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "<p><em>(no rows)</em></p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = []
-    for row in df.itertuples(index=False):
-        cells = []
-        for v in row:
-            cls = ' class="num"' if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else ""
-            cells.append(f"<td{cls}>{html.escape(_fmt(v))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return export(df, "html", columns=list(df.columns), float_format=_REPORT_FLOAT)
 
 
 def _png(fig) -> bytes:
@@ -604,7 +588,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em a
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;font-size:.8em;margin:.5em 0 1.5em}
 th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
+td .num{display:block;text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
 img{max-width:100%;height:auto;border:1px solid #eee}.missing{color:#8a5a00;background:#fff7e6;padding:.5em;border-left:3px solid #e0a000}
 caption{caption-side:top;text-align:left;color:#555;font-style:italic}.tablewrap{overflow-x:auto}
 """
