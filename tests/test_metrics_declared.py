@@ -68,7 +68,7 @@ def test_declared_names_are_every_concrete_name_once():
 def test_a_declaration_is_well_formed(decl: MetricDecl):
     assert decl.unit in M.UNITS
     assert decl.group in M.GROUPS
-    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.SWEEP, M.BISECT)
+    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.RUNNER)
     assert decl.better in (None, M.HIGHER, M.LOWER)
     assert set(decl.placeholders) <= set(M.PLACEHOLDERS)
     # One table row: no line break, no cell separator.
@@ -138,9 +138,10 @@ def test_metrics_md_has_no_unchecked_metric_table():
 
 
 def test_the_checker_notices_a_wrong_row():
-    table = M.metrics_table("bisect").replace("| 1 |", "| s |")
+    table = M.metrics_table("roofline").replace("| B/tok |", "| s |", 1)
     ((group, _, rows),) = list(doc_tables(table))
-    assert group == "bisect" and rows[0][1] == "s" != unit_of(rows[0][0])
+    wrong = next(r for r in rows if r[1] == "s")
+    assert group == "roofline" and unit_of(wrong[0]) != "s"
     with pytest.raises(AssertionError, match="without its"):
         list(doc_tables(HEADER + "\n|---|---|---|\n| `decode_tps` | tok/s | x |\n"))
 
@@ -337,10 +338,10 @@ def _resolves(key: str) -> bool:
 def test_every_metric_key_the_code_writes_is_declared():
     keys = written_metric_keys()
     # The scan sees the producers: phase speed, roofline, energy, throttling, wall, the speed match, the engine,
-    # the sweep's trial time, the bisection's step metrics.
+    # the trial runner's trial time.
     seen = {key for _, _, key in keys}
     assert {"*_tps", "roofline_fraction", "*_energy_j", "*_*_events", "*_wall_energy_j", "*_energy_window_tps",
-            "gemv_ceiling_tps", "trial_wall_s", "*_n", "latency_requests", "*_energy_coverage"} <= seen, seen
+            "gemv_ceiling_tps", "trial_wall_s", "latency_requests", "*_energy_coverage"} <= seen, seen
     undeclared = [f"{file}:{line}: {key}" for file, line, key in keys if not _resolves(key)]
     assert not undeclared, "metrics written but not declared in jbench/core/metrics.py:\n" + "\n".join(undeclared)
 

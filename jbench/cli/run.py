@@ -7,9 +7,6 @@ else goes to stderr (docs/cli.md).
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import time
 from typing import Any, Optional
@@ -118,42 +115,11 @@ def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
     return rows
 
 
-_MD_COLUMNS = ("index", "label", "status", "run_id", "n_prompt", "n_gen", "prefill_tps", "prefill_tps_std",
-               "decode_tps", "decode_tps_std")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
 def format_records(rows: list[dict], fmt: str) -> str:
-    """The rows as md (a GitHub table of the main columns), csv or jsonl (every column), or json (an array)."""
-    if fmt == "json":
-        return json.dumps(rows, indent=2, default=str) + "\n"
-    if fmt == "jsonl":
-        return "".join(json.dumps(r, default=str) + "\n" for r in rows)
-    columns: list[str] = []
-    for r in rows:
-        columns += [k for k in r if k not in columns]
-    if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({k: _cell(v) for k, v in r.items()} for r in rows)
-        return buf.getvalue()
-    # md: the dimensions live in `label`; the full set of columns is what csv and json are for.
-    cols = [c for c in columns if c in _MD_COLUMNS]
-    cols = [c for c in _MD_COLUMNS if c in cols]
-    lines = ["| " + " | ".join(cols) + " |",
-             "|" + "|".join("---:" if c in ("index", "n_prompt", "n_gen") or c.endswith(("_tps", "_std")) else "---"
-                            for c in cols) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(c)).replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    """The rows in an output format (jbench.reporting.exporters: md shows the main columns, csv/json/jsonl all)."""
+    from jbench.reporting.exporters import export
+
+    return export(rows, fmt)
 
 
 def _summary_table(outcome) -> Table:

@@ -6,7 +6,7 @@ values listed in `PLACEHOLDERS` (`{phase}_tps` is `prefill_tps` and `decode_tps`
 record is known here (`declared_names()`), and a concrete name belongs to exactly one declaration.
 
 `provider` is the NAME of the stage that puts the metric into a trial's record (`measure`, `phase_speed`,
-`roofline`), or of the workflow that records it outside the stage pipeline (`sweep`, `bisect`). `requires`
+`roofline`), or `runner` for what the trial runner records around the stages. `requires`
 lists the metrics a declaration is computed from, written with the same placeholders as its name: a stage
 that provides `roofline_fraction` needs `decode_tps` first, so `stage_dependencies()` gives the graph that
 `graphlib.TopologicalSorter` orders stages by.
@@ -29,7 +29,7 @@ from typing import Iterator, Literal, Optional
 
 __all__ = [
     "PLACEHOLDERS", "UNITS", "HIGHER", "LOWER", "GROUPS", "DECLARATIONS", "MEASURE", "PHASE_SPEED", "ROOFLINE",
-    "SWEEP", "BISECT", "MetricDecl", "UnknownMetric",
+    "RUNNER", "MetricDecl", "UnknownMetric",
     "metric", "find", "is_declared", "unit_of", "declared_names", "declarations", "provided_by", "required_by",
     "stage_dependencies", "metrics_table",
 ]
@@ -69,7 +69,8 @@ HIGHER: Literal["higher"] = "higher"
 LOWER: Literal["lower"] = "lower"
 
 # Stage and workflow names that provide metrics (runner stages' NAME; `sweep` and `bisect` record their own).
-MEASURE, PHASE_SPEED, ROOFLINE, SWEEP, BISECT = "measure", "phase_speed", "roofline", "sweep", "bisect"
+# `runner`: the trial runner itself (jbench.runner.trials), around the stages.
+MEASURE, PHASE_SPEED, ROOFLINE, RUNNER = "measure", "phase_speed", "roofline", "runner"
 
 # docs/metrics.md's tables, in the order the document shows them: group -> its heading in the document.
 GROUPS: dict[str, str] = {
@@ -83,7 +84,6 @@ GROUPS: dict[str, str] = {
     "roofline": "Roofline",
     "latency": "Latency scenario",
     "engine": "Engine GEMV trace",
-    "bisect": "Bisection steps",
 }
 
 _FIELDS = re.compile(r"\{(\w+)\}")
@@ -172,7 +172,7 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("{phase}_tokens", "tok", "tokens processed in one repetition (n_prompt, n_gen)", PHASE_SPEED, "speed"),
     _d("{phase}_repetitions", "1", "number of timed repetitions behind the figures", PHASE_SPEED, "speed"),
     _d("trial_wall_s", "s", "controller wall time of the whole trial (backend invocation incl. model load, warmup "
-       "and parsing)", SWEEP, "speed"),
+       "and parsing)", RUNNER, "speed"),
     # --- statistics over repetitions: phase_metrics too
     _d("{phase}_tps_ci95_low", "tok/s", "lower end of the 95 % confidence interval of the mean rate: mean − "
        "t(0.975, n − 1) · std / √n; absent with one repetition", PHASE_SPEED, "statistics",
@@ -330,9 +330,6 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
        backend="engine", requires=("gemv_weight_bytes_per_token",)),
     _d("gemv_fraction_of_ceiling", "1", "the measured decode rate / `gemv_ceiling_tps`", MEASURE, "engine",
        better=HIGHER, backend="engine", requires=("gemv_ceiling_tps",)),
-    # --- bisection steps (jbench bisect): each step's run records its metric's {phase}_tps, _std, _rep and this
-    _d("{phase}_n", "1", "repetitions behind a bisection step's `{phase}_tps` (a trial records "
-       "`{phase}_repetitions`)", BISECT, "bisect"),
 )
 
 

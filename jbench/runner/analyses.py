@@ -10,6 +10,7 @@ from typing import Callable, Optional, Union
 from jbench.analysis.roofline import (LABEL_ABOVE_CEILING, RooflineError, decode_ceiling, kv_bytes_at_depth,
                                       kv_bytes_per_token, regime_label, weight_bytes_per_token)
 from jbench.analysis.stats import describe
+from jbench.core import metrics
 from jbench.core.results import BackendResult, Finding, Result
 from jbench.device.bandwidth import Bandwidth, trial_bandwidth
 from jbench.models.facts import read_gguf_header
@@ -104,8 +105,8 @@ def trial_roofline(config: dict, decode_tps: Optional[float],
 class PhaseSpeed(Stage):
     """Mean, spread and confidence interval of each phase's tok/s over the repetitions."""
 
-    NAME = "phase_speed"
-    PROVIDES = ("*_tps", "*_tps_*", "*_tokens", "*_repetitions", "*_ms_mean")
+    NAME = metrics.PHASE_SPEED
+    PROVIDES = tuple(metrics.provided_by(NAME))
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -117,9 +118,9 @@ class PhaseSpeed(Stage):
 class Roofline(Stage):
     """Decode speed against the bandwidth ceiling of the model's bytes per token."""
 
-    NAME = "roofline"
-    REQUIRES = ("decode_tps",)
-    PROVIDES = ("roofline_*",)
+    NAME = metrics.ROOFLINE
+    PROVIDES = tuple(metrics.provided_by(NAME))
+    REQUIRES = tuple(metrics.required_by(NAME))
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.backend_result is not None
@@ -142,7 +143,7 @@ class Noise(Stage):
     """A rate whose coefficient of variation is above sweep.max_cv marks the trial noisy."""
 
     NAME = "noise"
-    REQUIRES = ("*_tps_cv",)
+    REQUIRES = ("prefill_tps_cv", "decode_tps_cv")  # it reads them where they were measured (tags only)
 
     def applies(self, ctx: TrialContext) -> bool:
         return ctx.max_cv is not None

@@ -5,7 +5,7 @@ Each stage is a small class with one `run(ctx)` over the shared TrialContext. A 
 (PowerStateError, BackendError, DeviceError, ConnectionLost); the trial runner turns the exception into a FAILED
 trial with its category in one place (jbench.runner.trials). A new per-trial analysis is a Stage registered in the
 `jbench.analyses` entry-point group (jbench.core.registry) that declares the metrics it PROVIDES and REQUIRES (names
-or fnmatch patterns, as docs/metrics.md names them): analyses are ordered from those declarations (graphlib), and a
+or fnmatch patterns; jbench's own stages take theirs from the declarations in jbench.core.metrics): analyses are ordered from those declarations (graphlib), and a
 requirement no stage provides is an error when the stage list is built, not a silent NaN later.
 """
 
@@ -17,7 +17,7 @@ import json
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from jbench.core import registry
+from jbench.core import metrics, registry
 from jbench.core.results import Result
 from jbench.device.jetson import jetson_fingerprint
 from jbench.device.thermal import thermal_gate
@@ -94,9 +94,8 @@ class ThermalGate(Stage):
 class Measure(Stage):
     """The backend's run under telemetry; what the backend itself reported joins the record."""
 
-    NAME = "measure"
-    PROVIDES = ("*_energy_*", "*_power_*", "*_tokens_per_joule*", "energy_*", "telemetry_*", "throttl*",
-                "*_wall_*", "ttft_*", "itl_*", "tpot_*", "e2e_*", "latency_*", "backend_*")
+    NAME = metrics.MEASURE
+    PROVIDES = tuple(metrics.provided_by(NAME))  # energy, telemetry, wall power, and the backend's own metrics
 
     def run(self, ctx: TrialContext) -> None:
         with ctx.quiet():  # on this machine: nothing else of jbench's runs while the benchmark does
