@@ -156,32 +156,55 @@ def test_the_recorder_writes_behind_the_trial_in_order_and_fills_in_run_ids():
     gate = threading.Event()
     store.slow_gate = gate
     rec = _recorder(store)
-    handle = rec.start_trial(_trial(), {"extra": "1"})
+    gate.set()
+    handle = rec.start_trial(_trial(), {"extra": "1"})  # waits for its run alone: a killed controller leaves it
+    assert handle.run_id == "run-Q1"
+    gate.clear()  # the store is stuck from here on (a slow server)
     rec.measured(handle, Result(metrics={"decode_tps": 1.0}))
     rec.finish(handle, "FINISHED", {}, {"trial.log": "lines"})
-    # The store is stuck in its first call (a slow server, MLflow's import): the trial path queued and went on.
-    assert store.calls == [] and handle.run_id is None
+    # The trial path queued its metrics and artifacts and went on.
+    assert [c[0] for c in store.calls] == ["experiment_id", "describe_experiment", "start_run", "start_run"]
     gate.set()
     rec.end_sweep("FINISHED", {}, lambda t: [{"run": "Q1"}])
     rec.flush()
     rec.close()
-    assert handle.run_id == "run-Q1" and rec.sweep.parent.run_id == "run-sweep"
+    assert rec.sweep.parent.run_id == "run-sweep"
     names = [c[0] for c in store.calls]
     assert names == ["experiment_id", "describe_experiment", "start_run", "start_run", "log", "log", "log_texts",
                      "end_run", "log", "log_table", "end_run"]
     assert store.thread_names == {"jbench-recorder"}  # one writer thread, never the trial's
 
 
+def test_run_creations_go_ahead_of_queued_writes():
+    """The next trial's run is created without waiting for the earlier trials' queued metrics and artifacts."""
+    store = _Store()
+    gate = threading.Event()
+    store.slow_gate = gate
+    gate.set()
+    rec = _recorder(store)
+    first = rec.start_trial(_trial(1), {})
+    with rec.quiet():  # holds the first trial's writes back, as a measurement on this machine does
+        rec.finish(first, "FINISHED", {}, {"trial.log": "x"})
+        second = rec.start_trial(_trial(2), {})  # created now, ahead of them
+        assert second.run_id == "run-Q2"
+        assert [c[0] for c in store.calls][-2:] == ["start_run", "start_run"]
+    rec.flush()
+    rec.close()
+    assert [c[0] for c in store.calls][-4:] == ["start_run", "log", "log_texts", "end_run"]
+
+
 def test_no_write_starts_while_a_local_measurement_is_quiet():
     store = _Store(slow=0.05)
     rec = _recorder(store)
+    handle = rec.start_trial(_trial(), {})
     with rec.quiet():  # waits for the running write, then holds the writer
         done_before = len(store.calls)
-        rec.start_trial(_trial(), {})
+        rec.measured(handle, Result(metrics={"decode_tps": 1.0}))
+        rec.finish(handle, "FINISHED", {}, {})
         time.sleep(0.3)
         assert len(store.calls) == done_before  # queued, not written, while the measurement runs
     rec.flush()
-    assert store.calls[-1][0] == "start_run"
+    assert [c[0] for c in store.calls[done_before:]] == ["log", "log", "log_texts", "end_run"]
     rec.close()
 
 

@@ -63,3 +63,23 @@ def test_every_run_records_the_measurement_protocol(tmp_path, llama_build, bundl
     runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
     assert {r.data.tags["jbench.kind"] for r in runs} == {"sweep", "trial"}
     assert {r.data.tags["jbench.protocol_version"] for r in runs} == {str(PROTOCOL_VERSION)}
+
+
+def test_a_store_is_created_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A controller killed while MLflow creates the SQLite store (with write-behind that can happen during the first
+    trial) left a half-migrated mlflow.db on which every later command failed; now it leaves no store at all."""
+    import mlflow.tracking._tracking_service.utils as mlflow_utils
+
+    real = mlflow_utils._get_store
+
+    def dies_midway(uri, artifact_uri=None):
+        store = real(uri, artifact_uri)  # the tables exist in the temporary file...
+        raise KeyboardInterrupt("killed while creating the store")  # ...then the controller dies
+
+    monkeypatch.setattr(mlflow_utils, "_get_store", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        Tracker(None, tmp_path)
+    assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.glob(".mlflow.db.*"))
+    monkeypatch.setattr(mlflow_utils, "_get_store", real)
+    t = Tracker(None, tmp_path)  # the next start creates it, whole
+    assert t.client.get_experiment_by_name("Default") is not None

@@ -2,10 +2,11 @@
 tags and artifacts), behind a small tracker protocol (jbench.tracking.writer.Tracker implements it).
 
 Writing happens behind the trials: every write is queued and one writer thread (started through the scheduler)
-performs them in order, so a measurement never waits for MLflow (its import, the store's start, a slow server). The
-tracker itself is made in the writer, so importing MLflow overlaps the sweep's first steps. Results that the caller
-needs back (a run's id) come as a RunHandle that the writer fills in; `flush()` waits for every queued write and
-raises what the writer could not do. While a measurement on this machine runs (`quiet()`), the writer starts
+performs them in order, so a measurement never waits for the earlier trials' metrics, series and artifacts to be
+written (or for a slow server). A trial's run is created before the trial starts (`start_trial` waits for that
+alone: creations go ahead of queued writes), so a controller killed mid-trial leaves the run RUNNING for the next
+start to mark KILLED. The tracker itself is made in the writer. `flush()` waits for every queued write and raises
+what the writer could not do. While a measurement on this machine runs (`quiet()`), the writer starts
 nothing new: MLflow's CPU time must not share the cores with the benchmark it records.
 """
 
@@ -119,7 +120,8 @@ class Recorder:
         self.sweep = SweepRecord(record_id=sweep_id)
         self.common_tags = dict(common_tags)
         self.tracker: Optional[Tracker] = None
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque = collections.deque()  # writes to runs that exist, in order
+        self._creates: collections.deque = collections.deque()  # run creations: done before any queued write
         self._cond = threading.Condition()
         self._quiet = 0  # measurements on this machine in progress
         self._busy = False
@@ -130,7 +132,7 @@ class Recorder:
 
     # -- the writer ------------------------------------------------------------------------------------
 
-    def _submit(self, fn: Callable[[Tracker], None]) -> None:
+    def _submit(self, fn: Callable[[Tracker], None], *, create: bool = False) -> None:
         if self._error is not None:
             raise WriterError(f"the results store failed: {self._error}") from self._error
         if not self._write_behind:
@@ -141,7 +143,7 @@ class Recorder:
         with self._cond:
             if self._thread is None:
                 self._thread = background(self._loop, "jbench-recorder")
-            self._queue.append(fn)
+            (self._creates if create else self._queue).append(fn)
             self._cond.notify_all()
 
     def _tracker(self) -> Tracker:
@@ -159,11 +161,12 @@ class Recorder:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._queue or self._quiet):
+                # While quiet, only run creations go on (small, and a trial on another device may wait for one).
+                while not self._closed and not (self._creates or (self._queue and not self._quiet)):
                     self._cond.wait()
-                if not self._queue:
+                if not (self._creates or self._queue):
                     return
-                fn = self._queue.popleft()
+                fn = (self._creates or self._queue).popleft()
                 self._busy = True
             if self._error is None:
                 self._run_one(fn)
@@ -174,7 +177,7 @@ class Recorder:
     def flush(self) -> None:
         """Wait until every queued write is done; raise WriterError when one failed."""
         with self._cond:
-            while self._queue or self._busy:
+            while self._creates or self._queue or self._busy:
                 if self._quiet:  # a measurement holds the writer: its writes wait for it, not for us
                     raise RuntimeError("flush() while a quiet() measurement is in progress")
                 self._cond.wait(0.5)
@@ -232,7 +235,7 @@ class Recorder:
                 parent = t.start_run(exp_id, run_name, params=params, tags={**self._common(), **tags})
             sweep.parent.run_id = parent
 
-        self._submit(open_)
+        self._submit(open_, create=True)
 
     def _common(self) -> dict[str, Any]:
         return {**self.common_tags, "jbench.sweep_id": self.sweep.record_id}
@@ -314,7 +317,15 @@ class Recorder:
             handle.run_id = t.start_run(self.sweep.experiment_id, run_name, parent_run_id=parent.run_id,
                                         params=params, tags={**self._common(), **run_tags})
 
-        self._submit(start)
+        # The run exists before its trial starts (a controller killed mid-trial leaves it RUNNING, for the next
+        # start to mark KILLED): creations go before any queued write, so this waits for the store's start (the
+        # first time) and the write under way, never for the earlier trials' queued metrics and artifacts.
+        self._submit(start, create=True)
+        with self._cond:
+            while handle.run_id is None and self._error is None:
+                self._cond.wait(0.5)
+        if self._error is not None:
+            raise WriterError(f"the results store failed: {self._error}") from self._error
         return handle
 
     def measured(self, handle: RunHandle, record: Result) -> None:

@@ -20,6 +20,7 @@ already has). That is all it takes to be journaled and spooled. A write to an ex
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 import time
 import uuid
@@ -33,6 +34,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
 from jbench.core.protocol import STORE_FORMAT_TAG
 from jbench.tracking.format import check_tag, format_to_write
+from jbench.tracking.resume_index import sqlite_path
 from jbench.tracking.common import (
     _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, redact, resolve_uri, spool_dir,
 )
@@ -43,6 +45,25 @@ _SPOOL_PREFIX = "spool:"  # experiment ids handed out while spooling (never conf
 
 _DOWN_MARKERS = ("Max retries exceeded", "Connection refused", "Failed to establish", "Connection aborted",
                  "RemoteDisconnected", "Read timed out", "too many 50", "Connection reset", "timed out")
+
+
+def create_sqlite_store(path: Path) -> None:
+    """A new SQLite store, made whole or not at all: MLflow creates its tables and runs its migrations in a file
+    beside `path`, which is then linked into place. A controller killed meanwhile (SIGKILL, power loss) leaves a
+    stray temporary file, never a half-migrated store on which every later command fails. Two controllers creating
+    the same store at once: the first link wins, the other's file is dropped."""
+    from mlflow.tracking._tracking_service.utils import _get_store
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.creating")
+    try:
+        store = _get_store(f"sqlite:///{tmp}")  # MLflow's own store for a URI: tables, migrations, Default
+        store.engine.dispose()  # the file is complete and closed before it is linked
+        try:
+            os.link(tmp, path)  # no overwrite: a store someone else finished first stays
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -109,6 +130,9 @@ class Tracker:
         self._clock: Optional[int] = None  # the original time of the write being replayed
         if self.uri.startswith("sqlite:"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
+            path = sqlite_path(self.uri)
+            if path is not None and not os.path.exists(path):
+                create_sqlite_store(Path(path))
         self.client = MlflowClient(tracking_uri=self.uri)
         self._local_store = self.uri.startswith(("sqlite:", "file:")) or "://" not in self.uri
         if spool:
@@ -234,6 +258,9 @@ class Tracker:
         self.spooling = reason
         spool = spool_dir(self.results_dir)
         spool.mkdir(parents=True, exist_ok=True)
+        path = sqlite_path(self.spool_uri)
+        if path is not None and not os.path.exists(path):
+            create_sqlite_store(Path(path))
         self.client = MlflowClient(tracking_uri=self.spool_uri)
         for run_id, entries in list(self._journal.items()):
             self._run_ids[run_id] = self._create(*entries[0])
