@@ -183,16 +183,25 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     assert rerun.returncode == 0 and "FINISHED" in rerun.stdout
 
 
+# How the fixture's llama-bench runs out of memory: llama.cpp's own allocation error, or the kernel's OOM killer
+# (SIGKILL, exit 137 seconds into a 600 s limit: over SSH that was once reported as a timeout).
+OOM_BY = {
+    "allocation_error": 'echo "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296" >&2; exit 1',
+    "oom_killer": 'echo "llama_model_load: loading" >&2; kill -KILL $$',
+}
+
+
 @pytest.mark.e2e
 @pytest.mark.ssh
-def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model):
+@pytest.mark.parametrize("oom_by", sorted(OOM_BY))
+def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model, oom_by):
     fake = tmp_path / "bin"
     fake.mkdir()
     script = fake / "llama-bench"
     script.write_text(
         "#!/bin/sh\n# Test fixture: runs out of memory at depth >= 2048, else the real llama-bench.\n"
         'depth=0; prev=""; for a in "$@"; do [ "$prev" = "-d" ] && depth=$a; prev=$a; done\n'
-        'if [ "$depth" -ge 2048 ]; then echo "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296" >&2; exit 1; fi\n'
+        f'if [ "$depth" -ge 2048 ]; then {OOM_BY[oom_by]}; fi\n'
         f'exec {llama_build["bin_dir"]}/llama-bench "$@"\n')
     script.chmod(0o755)
     cfg = orin_nano.device_config(name="emu")
