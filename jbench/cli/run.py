@@ -311,7 +311,7 @@ def _check_store(plan_, console) -> bool:
     choice = plan_.tracking.get("unreachable") or "stop"
     if choice not in ("stop", "spool"):
         raise _fail(f"tracking.unreachable={choice}: use stop or spool")
-    down = server_problem(uri)
+    down = server_problem(uri, wait_s=plan_.tracking.get("server_wait_s"))
     if down is None:
         return False
     if choice == "stop":
