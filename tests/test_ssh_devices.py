@@ -380,7 +380,9 @@ def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path,
     proc = _start_sweep(write_conf(tmp_path, emu), tmp_path, llama_build, emu)
     try:
         assert _wait_for(lambda: emu.nvpmodel_mode_name == "MAXN_SUPER" and emu.clocks_locked), "power state never applied"
-        time.sleep(1.0)  # the trial's llama-bench is running now
+        # Interrupt while the trial's llama-bench runs on the device (its process list shows it).
+        assert _wait_for(lambda: proc.poll() is not None or bool(emu.device_processes(["llama-bench"])), timeout=120)
+        assert proc.poll() is None, "the sweep ended before its llama-bench ran: " + "".join(proc.communicate())
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -390,6 +392,8 @@ def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path,
     assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].info.status == "KILLED"
+    # ...and the interrupted llama-bench did not outlive the controller on the device.
+    assert _wait_for(lambda: not emu.device_processes(["llama-bench"]), timeout=20), emu.device_processes()
 
 
 @pytest.mark.ssh
