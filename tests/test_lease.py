@@ -126,6 +126,7 @@ def _dead_pid() -> int:
                               text=True, check=True).stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stale_by", ["heartbeat", "dead_pid"])
 def test_many_racing_takers_of_a_stale_lease_leave_exactly_one_holder_every_round(tmp_path, stale_by):
     # Each round: a stale lease (another host's, heartbeat long gone; or a dead controller's on this host), then
