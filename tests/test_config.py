@@ -173,6 +173,11 @@ def test_installed_wheel_carries_the_config_tree(tmp_path):
 def test_pyproject_lists_every_package():
     import tomllib
 
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "jbench").rglob("__init__.py")}
-    assert found | {"jbench.conf"} == listed
+    # Directories of data files only: conf/'s groups (shipped as jbench.conf.<group>) and the device probes' sources.
+    data = {f"jbench.conf.{d.name}" for d in (REPO / "conf").iterdir() if d.is_dir() and d.name != "__pycache__"}
+    data |= {"jbench.device.probes"}
+    assert found | {"jbench.conf"} | data == listed
+    assert data <= set(setuptools["package-data"]), "each data directory says which of its files ship"
