@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from jbench.device.connection import DeviceError
 from jbench.device.lease import DeviceLease, LeaseBusy
 from jbench.device.local import LocalConnection
 
@@ -188,14 +189,29 @@ def test_a_take_over_removes_only_the_very_lease_it_judged_stale(tmp_path):
     assert taker.is_stale(stale)[0]
     # Its holder was only slow: it beat after we read the lease. Still its lease.
     os.utime(lease_file)
-    taker._take_over(stale, "test")
+    assert taker._take_over(stale, "test") is False
     assert json.loads(lease_file.read_text())["token"] == "t-old"
     # Another taker was first: the file is now a fresh lease (old again, to isolate the content check).
     lease_file.write_text(json.dumps({"host": "ci-runner-8", "pid": 1, "sweep_id": "first", "token": "t-first"}))
     os.utime(lease_file, (old, old))
-    taker._take_over(stale, "test")
+    assert taker._take_over(stale, "test") is False
     assert json.loads(lease_file.read_text())["token"] == "t-first"
     # The very file it read, still stale: removed.
     fresh = taker.holder()
-    taker._take_over(fresh, "test")
+    assert taker._take_over(fresh, "test") is True
     assert not lease_file.exists()
+
+
+def test_a_stale_lease_that_cannot_be_taken_over_is_an_error_not_an_endless_loop(tmp_path, monkeypatch):
+    conn = LocalConnection("board")
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": "old", "token": "t-old"}))
+    old = time.time() - 600
+    os.utime(lease_file, (old, old))
+    taker = DeviceLease(conn, _device(tmp_path), "late", stale_s=60)
+    tries = []
+    monkeypatch.setattr(taker, "_take_over", lambda holder, why: tries.append(holder.text) or False)
+    with pytest.raises(DeviceError, match="could not be taken over; remove it by hand"):
+        taker.acquire(0)
+    assert len(tries) == 2 and lease_file.exists() and not taker.held

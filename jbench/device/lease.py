@@ -156,9 +156,10 @@ class DeviceLease:
         res = self.conn.run(["sh", "-c", _CREATE, "sh", path], timeout=30, stdin=json.dumps(self.owner, indent=2))
         return res.returncode == 0
 
-    def _take_over(self, holder: Holder, why: str) -> None:
+    def _take_over(self, holder: Holder, why: str) -> bool:
         """Remove the stale lease holder was read from, if it is still that very file (see the module's
-        docstring); the caller then creates its own, exclusively. A taker that was not first removes nothing."""
+        docstring); the caller then creates its own, exclusively. A taker that was not first removes nothing
+        (False)."""
         path = self.conn.expand_path(self.path)
         # Judged stale by its owner's death: any age will do; by its heartbeat: it must still be that old (a
         # holder that was only slow and beat since then keeps its lease).
@@ -167,13 +168,15 @@ class DeviceLease:
         if res.returncode == 0:
             self.log.warning("lease: device '%s' was held by %s: %s; taking it over", self.device["name"],
                              holder.describe(), why)
-        elif res.returncode == 127:
+            return True
+        if res.returncode == 127:
             raise DeviceError(f"device '{self.device['name']}': a stale lease ({holder.describe()}: {why}) cannot be "
                               f"taken over safely: `flock` (util-linux) is not installed on the device. Install it, or "
                               f"remove {path} by hand once no controller uses the device")
-        elif res.returncode == 5:
+        if res.returncode == 5:
             raise DeviceError(f"device '{self.device['name']}': could not lock {path}.lock within 30 s to take over "
                               f"a stale lease ({holder.describe()}): {res.stderr.strip() or 'no reason given'}")
+        return False
 
     def acquire(self, wait_s: float = 0.0, *, on_wait: Optional[Callable[[str], None]] = None) -> None:
         """Hold the device or raise LeaseBusy naming the holder (after waiting up to wait_s)."""
@@ -192,6 +195,7 @@ class DeviceLease:
 
     def _acquire(self, deadline: float, wait_s: float, on_wait: Optional[Callable[[str], None]]) -> None:
         told = False
+        refused: Optional[str] = None  # the text of a stale lease our take-over left in place
         while True:
             if self._try_create():
                 break
@@ -200,7 +204,13 @@ class DeviceLease:
                 continue  # released between our two commands
             stale, why = self.is_stale(holder)
             if stale:
-                self._take_over(holder, why)
+                if self._take_over(holder, why):
+                    continue
+                if holder.text == refused:  # the same file twice: no race, it cannot be removed this way
+                    raise DeviceError(f"device '{self.device['name']}': the stale lease {self.path} ({holder.describe()}: "
+                                      f"{why}) could not be taken over; remove it by hand once no controller uses "
+                                      f"the device")
+                refused = holder.text  # another taker was first, or the holder beat: look again
                 continue
             if time.monotonic() >= deadline:
                 hint = ("wait for it, or let jbench wait: device.lease_wait_s=SECONDS" if wait_s <= 0 else
