@@ -185,26 +185,26 @@ def _down(exc: BaseException) -> str:
     return f"it does not answer ({reason})"
 
 
-def _request(request: "urllib.request.Request", deadline: float, first_timeout: float, tries: list[float]) -> int:
-    """GET `request` and read its body; a timeout is retried with a doubled timeout until `deadline` (monotonic).
-    Returns the HTTP status; raises _Slow when the time is spent, and HTTPError, URLError or OSError (other than a
-    timeout) at once. `tries` gets each attempt's timeout."""
-    timeout = first_timeout
+def _request(request: "urllib.request.Request", deadline: float, timeout: float, timed_out: list[float]) -> tuple[int, float]:
+    """GET `request` and read its body; a timeout is retried with twice the timeout while `deadline` (monotonic) is
+    not reached (the first attempt is always made, with `timeout`). Returns (HTTP status, the timeout that
+    sufficed); raises _Slow when the time is spent, and HTTPError, URLError or OSError (other than a timeout) at once.
+    `timed_out` gets the timeout of each attempt that timed out."""
     while True:
         left = deadline - time.monotonic()
-        if left <= 0:
-            raise _Slow()
-        attempt = min(timeout, left)
-        tries.append(attempt)
+        attempt = timeout if not timed_out or left >= timeout else max(left, 0.05)
         try:
             with urllib.request.urlopen(request, timeout=attempt) as resp:
                 resp.read()  # within the same timeout: a server slow to send its answer is slow
-                return resp.status
+                return resp.status, attempt
         except urllib.error.HTTPError:
             raise
         except (urllib.error.URLError, OSError) as exc:
             if not _timed_out(exc):
                 raise
+        timed_out.append(attempt)
+        if deadline - time.monotonic() <= 0:
+            raise _Slow()
         timeout *= 2
 
 
@@ -221,12 +221,12 @@ def server_problem(uri: str, timeout: float = _FIRST_TIMEOUT_S, *, wait_s: Optio
     from urllib.parse import urlsplit, urlunsplit
 
     wait = DEFAULT_SERVER_WAIT_S if wait_s is None else max(0.0, float(wait_s))
-    deadline = time.monotonic() + max(wait, timeout)
-    tries: list[float] = []
+    deadline = time.monotonic() + wait
+    timed_out: list[float] = []
 
     def slow() -> str:
-        return (f"it is up but too slow: no answer within {max(wait, timeout):g} s ({len(tries)} request(s) timed "
-                f"out, the last after {tries[-1]:g} s); tracking.server_wait_s=SECONDS gives it longer")
+        return (f"it is up but too slow: no answer within {max(wait, timed_out[0]):g} s ({len(timed_out)} request(s) "
+                f"timed out, the last after {timed_out[-1]:g} s); tracking.server_wait_s=SECONDS gives it longer")
 
     try:
         parts = urlsplit(uri)
@@ -237,7 +237,7 @@ def server_problem(uri: str, timeout: float = _FIRST_TIMEOUT_S, *, wait_s: Optio
 
             token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
-        status = _request(request, deadline, timeout, tries)
+        status, enough = _request(request, deadline, timeout, timed_out)
         if status != 200:
             return f"its /health answered HTTP {status}"
     except _Slow:
@@ -250,7 +250,7 @@ def server_problem(uri: str, timeout: float = _FIRST_TIMEOUT_S, *, wait_s: Optio
     # HTTP 503 (measured, docs/team-store.md). Ask the store once; only a 5xx counts (auth is checked later).
     request.full_url = request.full_url[:-len("/health")] + "/api/2.0/mlflow/experiments/search?max_results=1"
     try:
-        _request(request, deadline, tries[-1], tries)  # from the timeout /health needed: no need to learn it again
+        _request(request, deadline, enough, timed_out)  # with the timeout /health needed: no need to learn it again
         return None
     except _Slow:
         return slow()
