@@ -49,9 +49,11 @@ _HELD_LOCK = threading.Lock()
 _CREATE = ('mkdir -p "$(dirname "$1")" || exit 1; t="$1.new-$$"; rm -f "$t"; cat > "$t" && ln "$t" "$1" 2>/dev/null; '
            'r=$?; rm -f "$t"; exit $r')
 # The lease's text (as `$(cat)` gives it, the form _TAKE_OVER compares), a marker line, its age in seconds on the
-# device's clock. Exit 3: no lease.
-_READ = ('c=$(cat "$1" 2>/dev/null) || exit 3; m=$(stat -c %Y "$1" 2>/dev/null) || exit 3; '
-         'printf "%s\\n@@age\\n%s\\n" "$c" "$(( $(date +%s) - m ))"')
+# device's clock. Text and age are of one and the same file: its inode and mtime before and after the read agree
+# (else, replaced meanwhile by a taker, it is read again). Exit 3: no lease.
+_READ = ('n=0; while :; do a=$(stat -c "%i %Y" "$1" 2>/dev/null) || exit 3; c=$(cat "$1" 2>/dev/null) || exit 3; '
+         'b=$(stat -c "%i %Y" "$1" 2>/dev/null) || exit 3; [ "$a" = "$b" ] || [ $n -ge 20 ] && break; n=$((n+1)); done; '
+         'printf "%s\\n@@age\\n%s\\n" "$c" "$(( $(date +%s) - ${b#* } ))"')
 _AGE_MARK = "\n@@age\n"
 # Removes the stale lease $1 under the lock $2, only if its text is still $3 and (for a lease stale by its
 # heartbeat) it is still at least $4 seconds old. Exit 0: removed; 4: not the lease judged stale any more (another
