@@ -5,15 +5,33 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install setup demo test test-fast bench ui clean
+# Exact versions of everything installed (constraints.txt, made by `make lock`): two installs a month apart get the
+# same. The extras: test (the suite) and farm (labgrid: `jbench farm`, and the farm's tests).
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+EXTRAS := test,farm
 
-$(STAMP): pyproject.toml
+.PHONY: install setup demo test test-fast bench ui clean lock
+
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PIP) install -q -c constraints.txt --upgrade pip
+	$(PIP) install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rebuild constraints.txt from pyproject.toml alone: a fresh virtualenv in a temporary directory (nothing of $(VENV)
+# or of an older lock leaks in), the newest versions pyproject.toml allows of jbench's dependencies and every extra,
+# then each installed distribution's exact version (jbench itself left out). Commit the result.
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip && \
+	"$$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check '.[test,farm,server,bundled-model]' && \
+	{ sed -n '/^#/p' constraints.txt 2>/dev/null || true; \
+	  "$$tmp/venv/bin/python" -m pip freeze --all --disable-pip-version-check | grep -v -i -E '^jbench([ =@]|$$)'; \
+	} > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" constraints.txt && \
+	echo "constraints.txt: $$(grep -c '==' constraints.txt) pinned distributions"
 
 # Build llama.cpp (CPU; CUDA when nvcc and a GPU are found), fetch and quantize the bundled model.
 setup: $(STAMP)
@@ -30,8 +48,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, nothing over ~3 s; under
-# 60 s. JBENCH_TEST_TIER=fast makes a test that starts one of those without its marker fail (tests/conftest.py).
+# The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, no test over ~3 s
+# (README.md gives the tier's measured time). JBENCH_TEST_TIER=fast makes a test that starts one of those without its
+# marker fail (tests/conftest.py).
 test-fast: $(STAMP)
 	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not e2e and not ssh and not slow and not coordinator"
 

@@ -15,17 +15,24 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, JBenchConfig, ModelConfig, PowerConfig,
-                                ProfileConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig)
+from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig
+
+# The schema of each config group whose files extend it (`defaults: [<group>_schema, _self_]`); JBenchConfig types
+# these sections `Any`, as each option is a file. `backend` has one schema per backend (registry.backend_schemas).
+GROUP_SCHEMAS: Dict[str, type] = {
+    "device": DeviceConfig,
+    "model": ModelConfig,
+    "tracking": TrackingConfig,
+    "profile": ProfileConfig,
+}
+
 
 def register_schemas() -> None:
     """Register every schema in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="jbench_schema", node=JBenchConfig)
-    cs.store(group="device", name="device_schema", node=DeviceConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="tracking", name="tracking_schema", node=TrackingConfig)
-    cs.store(group="profile", name="profile_schema", node=ProfileConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)
     from jbench.core.registry import backend_schemas
 
     for name, schema in backend_schemas().items():
@@ -296,45 +303,76 @@ def _yaml_error(exc: Exception, config_dirs: list[Path]) -> str:
     return f"YAML syntax error{f' at line {mark.line + 1}' if mark else ''}: {problem}"
 
 
+def section_schemas() -> Dict[str, Optional[type]]:
+    """Every top-level section of the config (the fields of JBenchConfig, so a new section is never missed) with its
+    dataclass schema: the field's own type, or the group's schema (GROUP_SCHEMAS); None for `backend`, whose keys
+    depend on the backend chosen."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(JBenchConfig)
+    out: Dict[str, Optional[type]] = {}
+    for f in dataclasses.fields(JBenchConfig):
+        kind = hints.get(f.name)
+        out[f.name] = kind if dataclasses.is_dataclass(kind) else GROUP_SCHEMAS.get(f.name)
+    return out
+
+
+def _nested_schema(schema: type, name: str) -> Optional[type]:
+    """The dataclass type of schema's field `name` (Optional[...] unwrapped), or None when it is no dataclass."""
+    import dataclasses
+    import typing
+
+    kind = typing.get_type_hints(schema).get(name)
+    for arg in (kind, *typing.get_args(kind)):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
 def _valid_keys_hint(dotted: str, backend: Optional[str] = None) -> str:
-    """The closest valid keys (difflib) of the section a dotted key points into; for `backend`, of the
-    selected backend only. Without a close match, the section's keys (short sections) or where to look."""
+    """The closest valid keys (difflib) of the section a dotted key points into, followed through nested sections
+    (`device.paths.x`); for `backend`, of the selected backend only. Without a close match, the section's keys
+    (short sections) or where to look."""
     import dataclasses
     import difflib
 
-    section = dotted.split(".")[0]
-    schema = {
-        "device": DeviceConfig,
-        "model": ModelConfig,
-        "tracking": TrackingConfig,
-        "experiment": ExperimentConfig,
-        "sweep": SweepConfig,
-        "power": PowerConfig,
-        "telemetry": TelemetryConfig,
-        "energy": EnergyConfig,
-        "thermal": ThermalConfig,
-    }.get(section)
-    leaf = dotted.split(".")[1] if "." in dotted else dotted
-    what = f"{section} keys"
+    parts = dotted.split(".")
+    section = parts[0]
+    sections = section_schemas()
+    if section not in sections:
+        names = list(sections)
+        close = difflib.get_close_matches(section, names, n=3, cutoff=0.6)
+        if close:
+            return "Did you mean " + " or ".join(close) + "?"
+        return f"Valid top-level keys: {', '.join(names)}"
+    schema = sections[section]
     if section == "backend":
         from jbench.core.registry import backend_schemas
 
         schemas = backend_schemas()
         schema = schemas.get(backend or "")
-        if schema is None:
-            names = sorted({f.name for s in schemas.values() for f in dataclasses.fields(s)})
         what = f"keys of backend '{backend}'" if schema is not None else "backend keys"
-    if section == "backend" and schema is None:
-        pass
-    elif schema is None:
-        names = [f.name for f in dataclasses.fields(JBenchConfig)]
-        leaf, what = section, "top-level keys"
+        names = (sorted({f.name for s in schemas.values() for f in dataclasses.fields(s)}) if schema is None else
+                 [f.name for f in dataclasses.fields(schema)])
     else:
+        what = f"{section} keys"
         names = [f.name for f in dataclasses.fields(schema)]
+    prefix = section
+    rest = parts[1:]
+    # Follow nested sections as far as the key names them (device.paths.boot_idd -> the keys of device.paths).
+    while len(rest) > 1 and schema is not None and rest[0] in names:
+        schema = _nested_schema(schema, rest[0])
+        if schema is None:
+            break
+        prefix = f"{prefix}.{rest[0]}"
+        rest = rest[1:]
+        names = [f.name for f in dataclasses.fields(schema)]
+        what = f"{prefix} keys"
+    leaf = rest[0] if rest else section
     close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
     if close:
-        prefix = "" if what == "top-level keys" else f"{section}."
-        return "Did you mean " + " or ".join(f"{prefix}{c}" for c in close) + "?"
+        return "Did you mean " + " or ".join(f"{prefix}.{c}" for c in close) + "?"
     if len(names) <= 12:
         return f"Valid {what}: {', '.join(names)}"
     return f"None of the {len(names)} {what} is close to '{leaf}'; `jbench run --cfg job -p {section}` lists them"

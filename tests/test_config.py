@@ -50,6 +50,50 @@ def test_bad_input_names_the_key_and_valid_values(override, expected):
     assert "\n" not in str(err.value)  # one message, not a traceback
 
 
+def _typo(name: str) -> str:
+    return name[:-1] + ("x" if name[-1] != "x" else "y")
+
+
+def test_every_section_of_the_schema_gets_key_hints_through_the_planner():
+    """Hints come from JBenchConfig's own fields: a section added to the schema (wall_power, farm) is never
+    missing from them (`wall_power.hots` once suggested `power`)."""
+    import dataclasses
+
+    from jbench.config import section_schemas
+    from jbench.core.registry import backend_schemas
+    from jbench.core.schema import JBenchConfig
+    from jbench.sweeps.plan import plan
+
+    sections = section_schemas()
+    assert list(sections) == [f.name for f in dataclasses.fields(JBenchConfig)]
+    for section, schema in sections.items():
+        schema = schema or backend_schemas()["llamacpp"]  # the default backend's keys
+        key = next(f.name for f in dataclasses.fields(schema) if len(f.name) >= 4)
+        with pytest.raises(ConfigError) as err:
+            plan([f"{section}.{_typo(key)}=1"])
+        assert f"Did you mean {section}.{key}" in str(err.value), (section, str(err.value))
+    # The issue's own cases, and a nested section followed to its keys.
+    for override, hint in [("wall_power.hots=1", "Did you mean wall_power.host?"),
+                           ("farm.coordinatr=x", "Did you mean farm.coordinator?"),
+                           ("device.paths.boot_idd=x", "Did you mean device.paths.boot_id?"),
+                           ("wall_pwer.host=x", "Did you mean wall_power"),
+                           ("colour=red", "Valid top-level keys: device, backend, model, tracking, power, telemetry, "
+                                          "energy, wall_power, thermal, experiment, sweep, farm")]:
+        with pytest.raises(ConfigError) as err:
+            plan([override])
+        assert hint in str(err.value), (override, str(err.value))
+
+
+@pytest.mark.e2e
+def test_the_cli_suggests_a_wall_power_key(tmp_path):
+    from .conftest import jbench_cli
+
+    res = jbench_cli(["sweep", "wall_power.hots=1"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "unknown config key 'wall_power.hots'. Did you mean wall_power.host?" in res.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_user_config_dir_adds_models_experiments_and_devices(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "my_llm.yaml").write_text(
@@ -129,6 +173,11 @@ def test_installed_wheel_carries_the_config_tree(tmp_path):
 def test_pyproject_lists_every_package():
     import tomllib
 
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "jbench").rglob("__init__.py")}
-    assert found | {"jbench.conf"} == listed
+    # Directories of data files only: conf/'s groups (shipped as jbench.conf.<group>) and the device probes' sources.
+    data = {f"jbench.conf.{d.name}" for d in (REPO / "conf").iterdir() if d.is_dir() and d.name != "__pycache__"}
+    data |= {"jbench.device.probes"}
+    assert found | {"jbench.conf"} | data == listed
+    assert data <= set(setuptools["package-data"]), "each data directory says which of its files ship"

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from jbench.device.connection import DeviceError
 from jbench.device.lease import DeviceLease, LeaseBusy
 from jbench.device.local import LocalConnection
 
@@ -119,3 +120,98 @@ def test_only_one_of_many_racing_controllers_gets_the_device(tmp_path):
     assert holder in won
     for lease in leases:
         lease.release()
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stale_by", ["heartbeat", "dead_pid"])
+def test_many_racing_takers_of_a_stale_lease_leave_exactly_one_holder_every_round(tmp_path, stale_by):
+    # Each round: a stale lease (another host's, heartbeat long gone; or a dead controller's on this host), then
+    # several controllers that all read it as stale at the same moment and take it over. A take-over that moves
+    # whatever file is there (`mv`) can move the fresh lease another taker just wrote: two holders.
+    import socket
+
+    conn = LocalConnection("board")
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    takers, rounds = 6, 25
+    for rnd in range(rounds):
+        if stale_by == "heartbeat":
+            lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": f"old-{rnd}", "token": f"t{rnd}"}))
+            old = time.time() - 600
+            os.utime(lease_file, (old, old))
+        else:
+            lease_file.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(), "sweep_id": f"old-{rnd}",
+                                              "token": f"t{rnd}"}))
+        leases = [DeviceLease(conn, _device(tmp_path), f"r{rnd}-{i}", stale_s=60) for i in range(takers)]
+        start = threading.Barrier(takers)
+        won: list[DeviceLease] = []
+        busy: list[str] = []
+
+        def take(lease: DeviceLease) -> None:
+            start.wait()
+            try:
+                lease.acquire(0)
+                won.append(lease)
+            except LeaseBusy as exc:
+                busy.append(str(exc))
+
+        threads = [threading.Thread(target=take, args=(lease,)) for lease in leases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert len(won) == 1, f"round {rnd}: {len(won)} controllers hold the device: {[w.sweep_id for w in won]}"
+            assert len(busy) == takers - 1 and all(f"(sweep {won[0].sweep_id}," in m for m in busy), busy
+            owner = json.loads(lease_file.read_text())
+            assert owner["token"] == won[0].owner["token"], f"round {rnd}: the lease file is not the winner's"
+        finally:
+            for lease in won:
+                lease.release()
+        assert not lease_file.exists()
+        assert not [p.name for p in lease_file.parent.iterdir() if p.name.startswith("lease-board.json.stale")]
+
+
+def test_a_take_over_removes_only_the_very_lease_it_judged_stale(tmp_path):
+    conn = LocalConnection("board")
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": "old", "token": "t-old"}))
+    old = time.time() - 600
+    os.utime(lease_file, (old, old))
+    taker = DeviceLease(conn, _device(tmp_path), "late", stale_s=60)
+    stale = taker.holder()
+    assert taker.is_stale(stale)[0]
+    # Its holder was only slow: it beat after we read the lease. Still its lease.
+    os.utime(lease_file)
+    assert taker._take_over(stale, "test") is False
+    assert json.loads(lease_file.read_text())["token"] == "t-old"
+    # Another taker was first: the file is now a fresh lease (old again, to isolate the content check).
+    lease_file.write_text(json.dumps({"host": "ci-runner-8", "pid": 1, "sweep_id": "first", "token": "t-first"}))
+    os.utime(lease_file, (old, old))
+    assert taker._take_over(stale, "test") is False
+    assert json.loads(lease_file.read_text())["token"] == "t-first"
+    # The very file it read, still stale: removed.
+    fresh = taker.holder()
+    assert taker._take_over(fresh, "test") is True
+    assert not lease_file.exists()
+
+
+def test_a_stale_lease_that_cannot_be_taken_over_is_an_error_not_an_endless_loop(tmp_path, monkeypatch):
+    conn = LocalConnection("board")
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": "old", "token": "t-old"}))
+    old = time.time() - 600
+    os.utime(lease_file, (old, old))
+    taker = DeviceLease(conn, _device(tmp_path), "late", stale_s=60)
+    tries = []
+    monkeypatch.setattr(taker, "_take_over", lambda holder, why: tries.append(holder.text) or False)
+    with pytest.raises(DeviceError, match="could not be taken over; remove it by hand"):
+        taker.acquire(0)
+    assert len(tries) == 2 and lease_file.exists() and not taker.held

@@ -36,7 +36,9 @@ def plugin_package(tmp_path, monkeypatch):
             REQUIRES = ("decode_tps",)
             PROVIDES = ("decode_tokens_per_watt",)
             def run(self, ctx):
-                ctx.record.merge(Result(tags={"my_checks.seen": ctx.trial.label}))
+                # Runs after the built-in analyses: it sees their metrics in the trial's record.
+                ctx.record.merge(Result(tags={"my_checks.seen": ctx.trial.label},
+                                        metrics={"my_checks.decode_tps_seen": ctx.record.metrics.get("decode_tps", -1.0)}))
 
         def silent(conn, device, profile, interval_ms):
             return NoSampler("my_checks: a source that never samples")
@@ -218,6 +220,21 @@ def _sweep(stages, monkeypatch, **sweep_overrides):
              [f"sweep.{k}={v}" for k, v in sweep_overrides.items()], use_grid=False)
     tracker = _Tracker()
     return _Run(p, tracker, stages), tracker
+
+
+def test_a_users_analysis_runs_in_a_trial_and_its_output_is_recorded(plugin_package, monkeypatch):
+    # The default stage list with the measurement played by a script (no device, no llama.cpp here): the
+    # registered analyses run after it, the user's last, and what it adds lands in the trial's run.
+    stages = [_Scripted(["ok"]) if isinstance(s, Measure) else s for s in default_stages()
+              if not isinstance(s, (PowerState, DeviceState, ThermalGate))]
+    assert [type(s).__name__ for s in stages] == ["_Scripted", "PhaseSpeed", "Roofline", "Noise", "TokensPerWatt"]
+    s, tracker = _sweep(stages, monkeypatch)
+    outcome = s.run().outcomes[0]
+    assert outcome.status == Status.FINISHED, outcome
+    run = next(r for r in tracker.runs.values() if r["parent"])
+    assert run["status"] == "FINISHED"
+    assert run["tags"]["my_checks.seen"] == outcome.trial.label
+    assert run["metrics"]["my_checks.decode_tps_seen"] == pytest.approx(160.0) == run["metrics"]["decode_tps"]
 
 
 def test_a_lost_connection_is_retried_inside_one_run(monkeypatch):

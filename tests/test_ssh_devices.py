@@ -16,7 +16,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from jbench.device.connection import DeviceError
+from jbench.backends.base import command_failure, looks_oom
+from jbench.device.connection import CommandTimeout, DeviceError
 
 from jbench.device.connect import connect
 from jbench.device.doctor import doctor
@@ -25,6 +26,14 @@ from jbench.device.power import PowerStateError, PowerStrategy
 from jbench.device.ssh import HostKeyError
 
 from .conftest import jbench_cli
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid is a live process (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def device_cfg(emu, **extra) -> dict:
@@ -127,13 +136,36 @@ def test_unreachable_host_fails_within_the_connect_timeout(tmp_path):
 
 
 @pytest.mark.ssh
-def test_timeout_ends_the_remote_process(orin_nano):
+def test_timeout_ends_the_remote_process(orin_nano, tmp_path):
+    pidfile = tmp_path / "sleeper.pid"
     with connect(device_cfg(orin_nano)) as conn:
-        with pytest.raises(Exception, match="did not finish within 1 s"):
-            conn.run(["sh", "-c", "echo $$ > /tmp/jbench-emu-sleeper.pid; exec sleep 30"], timeout=1)
-        pid = int(Path("/tmp/jbench-emu-sleeper.pid").read_text())
-        time.sleep(0.5)
-        assert not Path(f"/proc/{pid}").exists()
+        with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+            conn.run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"], timeout=1)
+        pid = int(pidfile.read_text())
+        # The device's `timeout` has sent TERM by the time run() returns; the process is gone once reaped.
+        assert _wait_for(lambda: not _alive(pid), timeout=10), f"pid {pid} still runs after the timeout"
+
+
+@pytest.mark.ssh
+def test_a_sigkill_before_the_time_limit_is_a_failed_command_not_a_timeout(orin_nano):
+    # The kernel's OOM killer sends SIGKILL: the command exits 137 long before its limit. `timeout -s KILL` (and
+    # --kill-after) exits 137 as well, so only the time it took tells the two apart.
+    with connect(device_cfg(orin_nano)) as conn:
+        res = conn.run(["sh", "-c", "echo loading >&2; kill -KILL $$"], timeout=600)
+        assert res.returncode == 137 and "loading" in res.stderr
+        # The notice a shell prints for a job killed by SIGKILL, which the shared OOM rule reads.
+        assert looks_oom(res.stderr, res.returncode)
+        err = command_failure("llama-bench", res)
+        assert err.category == "out_of_memory", str(err)
+        # A real time limit stays a timeout: TERM ignored, so the device's `timeout` kills (137) after the grace.
+        with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+            conn.run(["sh", "-c", "trap '' TERM; sleep 30"], timeout=1)
+        # ... and one that ends on TERM (124) too.
+        with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+            conn.run(["sleep", "30"], timeout=1)
+        # Another signal is a crash, not an out-of-memory kill.
+        seg = conn.run(["sh", "-c", "kill -SEGV $$"], timeout=600)
+        assert seg.returncode == 139 and command_failure("x", seg).category == "backend_crash"
 
 
 # -- power state -----------------------------------------------------------------------------------
@@ -348,7 +380,9 @@ def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path,
     proc = _start_sweep(write_conf(tmp_path, emu), tmp_path, llama_build, emu)
     try:
         assert _wait_for(lambda: emu.nvpmodel_mode_name == "MAXN_SUPER" and emu.clocks_locked), "power state never applied"
-        time.sleep(1.0)  # the trial's llama-bench is running now
+        # Interrupt while the trial's llama-bench runs on the device (its process list shows it).
+        assert _wait_for(lambda: proc.poll() is not None or bool(emu.device_processes(["llama-bench"])), timeout=120)
+        assert proc.poll() is None, "the sweep ended before its llama-bench ran: " + "".join(proc.communicate())
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -358,6 +392,8 @@ def test_sigint_to_the_controller_restores_the_device(orin_nano_super, tmp_path,
     assert emu.nvpmodel_mode_name == "25W" and not emu.clocks_locked
     _, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "adhoc")
     assert trials[0].info.status == "KILLED"
+    # ...and the interrupted llama-bench did not outlive the controller on the device.
+    assert _wait_for(lambda: not emu.device_processes(["llama-bench"]), timeout=20), emu.device_processes()
 
 
 @pytest.mark.ssh

@@ -41,12 +41,24 @@ def _devices_dir(tmp_path: Path, ram_gb: float | None = None) -> Path:
     return conf
 
 
+# Experiments whose grid comes from the device itself (`@device.power_modes`: its own /etc/nvpmodel.conf, read when
+# the sweep is planned): planned on emulated Jetsons (test_power_modes_grid_comes_from_the_devices_own_modes), refused
+# without a Jetson (test_power_modes_needs_a_jetson); every other experiment plans for every profile below.
+DEVICE_GRID_EXPERIMENTS = ["power_modes"]
+
+
+def test_the_experiments_planned_on_a_device_are_exactly_those_whose_grid_reads_it():
+    from importlib.resources import files
+
+    reads_device = sorted(e for e in EXPERIMENTS
+                          if "@device." in files("jbench.conf").joinpath("experiment", f"{e}.yaml").read_text())
+    assert reads_device == DEVICE_GRID_EXPERIMENTS
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e not in DEVICE_GRID_EXPERIMENTS])
 def test_every_experiment_plans_for_every_profile(experiment, tmp_path, bundled_model):
-    if experiment == "power_modes":
-        pytest.skip("power_modes reads its modes from the device itself: tested on emulated Jetsons below")
     conf = _devices_dir(tmp_path)
     for profile in PROFILES:
         p = plan([f"+experiment={experiment}", f"device=dev_{profile}"], [conf])
@@ -180,7 +192,21 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     plan_only = jbench_cli(["sweep", "backend.n_gen=2,3,4,5", "--dry-run", *small], env_extra=env)
     assert "3 already FINISHED" in plan_only.stdout and "1 trial(s) without history" in plan_only.stdout
     rerun = jbench_cli(["sweep", "backend.n_gen=2", "sweep.rerun=true", *small], env_extra=env)
-    assert rerun.returncode == 0 and "FINISHED" in rerun.stdout
+    assert rerun.returncode == 0, rerun.stderr
+    # The trial really ran again (a skipped one's note says "already FINISHED" too): a second FINISHED run of it.
+    assert "SKIPPED" not in rerun.stdout and "already FINISHED" not in rerun.stdout
+    runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
+    n_gen_2 = [r for r in runs if r.data.tags.get("jbench.kind") == "trial" and r.data.params["backend.n_gen"] == "2"]
+    assert [r.info.status for r in n_gen_2] == ["FINISHED", "FINISHED"]
+    assert len({r.data.tags["jbench.sweep_id"] for r in n_gen_2}) == 2  # the first sweep's and the rerun's
+
+
+# How the fixture's llama-bench runs out of memory: llama.cpp's own allocation error, or the kernel's OOM killer
+# (SIGKILL, exit 137 seconds into a 600 s limit: over SSH that was once reported as a timeout).
+OOM_BY = {
+    "allocation_error": 'echo "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296" >&2; exit 1',
+    "oom_killer": 'echo "llama_model_load: loading" >&2; kill -KILL $$',
+}
 
 
 @pytest.mark.e2e
@@ -207,14 +233,15 @@ def test_dry_run_promises_a_skip_only_for_the_same_build(tmp_path, llama_build, 
 
 @pytest.mark.e2e
 @pytest.mark.ssh
-def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model):
+@pytest.mark.parametrize("oom_by", sorted(OOM_BY))
+def test_oom_failure_skips_larger_contexts_on_an_emulated_device(orin_nano, tmp_path, llama_build, bundled_model, oom_by):
     fake = tmp_path / "bin"
     fake.mkdir()
     script = fake / "llama-bench"
     script.write_text(
         "#!/bin/sh\n# Test fixture: runs out of memory at depth >= 2048, else the real llama-bench.\n"
         'depth=0; prev=""; for a in "$@"; do [ "$prev" = "-d" ] && depth=$a; prev=$a; done\n'
-        'if [ "$depth" -ge 2048 ]; then echo "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4294967296" >&2; exit 1; fi\n'
+        f'if [ "$depth" -ge 2048 ]; then {OOM_BY[oom_by]}; fi\n'
         f'exec {llama_build["bin_dir"]}/llama-bench "$@"\n')
     script.chmod(0o755)
     cfg = orin_nano.device_config(name="emu")

@@ -245,9 +245,16 @@ def test_printed_rates_agree_with_printed_counts(name):
     """Checks the label semantics chosen per layout against the numbers themselves:
     output throughput = requests x avg output length / total time, request throughput = requests / time."""
     r = parse_trtllm_bench_report(body(name))
-    if r.num_requests is None or r.total_latency_ms is None:
-        pytest.skip("this output prints no request count")
+    assert r.total_latency_ms is not None, "every report prints its total latency"
     seconds = r.total_latency_ms / 1000.0
+    if r.num_requests is None:
+        # A report that prints no request count (perf-overview's PERFORMANCE OVERVIEW block alone): the rate and the
+        # total time must still imply a whole number of requests, and 1/TPOT must be the per-user speed.
+        assert name == "trtllm-bench_perf-overview_performance-only.txt", f"{name}: request count not parsed"
+        implied = r.request_throughput_rps * seconds
+        assert implied == pytest.approx(round(implied), rel=1e-4) and round(implied) == 5000
+        assert r.per_user_output_speed_tps == pytest.approx(1000.0 / r.tpot_ms, rel=1e-3)
+        return
     assert r.request_throughput_rps == pytest.approx(r.num_requests / seconds, rel=0.01)
     assert r.total_output_tps == pytest.approx(r.num_requests * r.avg_output_len / seconds, rel=0.005)
     if r.total_token_tps is not None:

@@ -14,10 +14,11 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 
 def _git(here: Path, *args: str) -> "subprocess.CompletedProcess[str] | None":
-    """One git call in the source tree, or None when git is missing, hangs or the tree is gone."""
+    """One git call in the source tree, or None when git is missing, hangs, cannot be run or the tree is gone."""
     try:
-        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, errors="replace",
+                              timeout=5)
+    except (OSError, subprocess.SubprocessError, ValueError):  # ValueError: output that does not decode, bad args
         return None
 
 

@@ -76,11 +76,18 @@ class Result:
     stepped: dict[str, list[float]] = field(default_factory=dict)
 
     def merge(self, other: "Result") -> "Result":
-        """Add other's content to this one (later values win for the same name); returns self."""
+        """Add other's content to this one; returns self. Later values win for the same name: a metric, tag,
+        artifact, series or stepped series of the same name, and a finding of the same code (the later finding
+        takes the earlier one's place in the list, so a record holds one finding per code, the newest)."""
         self.metrics.update(other.metrics)
         self.tags.update(other.tags)
-        known = {f.code for f in self.findings}
-        self.findings.extend(f for f in other.findings if f.code not in known)
+        at = {f.code: i for i, f in enumerate(self.findings)}
+        for f in other.findings:
+            if f.code in at:
+                self.findings[at[f.code]] = f
+            else:
+                at[f.code] = len(self.findings)
+                self.findings.append(f)
         self.artifacts.update(other.artifacts)
         self.series.update(other.series)
         self.stepped.update(other.stepped)

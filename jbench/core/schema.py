@@ -290,6 +290,9 @@ class TrackingConfig:
     # A tracking server that does not answer at start: stop (exit 2) or spool (measure into results/spool/,
     # `jbench sync` uploads it later). A server that dies mid-sweep is always spooled.
     unreachable: str = nonident("stop")
+    # How long a tracking server that is slow to answer at start (its requests time out) is given before it counts
+    # as not answering (seconds; retried with growing timeouts). A refused connection is down at once.
+    server_wait_s: float = nonident(30.0)
 
 
 @dataclass

@@ -5,6 +5,14 @@
   opt-in that records it.
 - Every command is an argument list quoted with shlex.join. A command with a timeout runs under
   `timeout --kill-after` on the device, so the remote process ends too, not only our wait.
+  `timeout` exits 124, or 137 when the command needed the KILL after the grace; but a command the
+  kernel killed (the OOM killer's SIGKILL) also exits 137, seconds into a long limit. The time the
+  command took tells them apart: the device's `timeout` cannot fire before the limit, and the
+  controller's clock, started before the command and read after its exit, runs at least as long.
+  124/137 at or past the limit is a CommandTimeout; 137 before it is a command killed by SIGKILL
+  and returned as a CommandResult whose stderr ends with the notice a shell prints for such a job
+  (`Killed ...`), so the backends' shared out-of-memory rule (backends/base.py `looks_oom`) sees the
+  kernel's kill over SSH as it does in a local shell.
 - Nothing it starts outlives the controller. Every command with a timeout and every stream runs
   under a small POSIX-sh guard on the device (GUARD below): it starts the command in a session and
   process group of its own and, once a second while the command runs, checks that the SSH session
@@ -49,6 +57,9 @@ from jbench.device.tunnel import TunnelForwarder
 # Grace the device's `timeout` gives a command after TERM before KILL, and our own extra wait.
 _KILL_AFTER_S = 5
 _LOCAL_GRACE_S = 15
+# Exit codes of the device's `timeout` when it ended the command: 124 (TERM), 137 (the KILL after the grace).
+_TIMEOUT_CODES = (124, 137)
+_SIGKILL_CODE = 137  # 128 + SIGKILL: also what a command killed by the kernel (OOM killer) exits with
 
 log = logging.getLogger("jbench.device.ssh")
 
@@ -426,8 +437,10 @@ class SSHConnection(Connection):
             feed = stdin or ""
             if password and not self._sudo_caches:
                 feed = self._sudo_password() + "\n" + feed  # read by `sudo -k -S` itself, never by the command
+            began = time.monotonic()
             try:
                 code, out, err = self._exec(line, feed, None if timeout is None else timeout + _KILL_AFTER_S + _LOCAL_GRACE_S)
+                took = time.monotonic() - began
             except _LocalDeadline:
                 raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s") from None
             except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -444,8 +457,11 @@ class SSHConnection(Connection):
             break
         if code == -1:
             raise ConnectionLost(f"lost the SSH connection to '{self.name}' while running {argv[0]} (no exit status)")
-        if timeout is not None and code in (124, 137):
-            raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s (ended on the device)")
+        if timeout is not None and code in _TIMEOUT_CODES:
+            if took >= timeout:
+                raise CommandTimeout(f"{shlex.join(argv)} on '{self.name}' did not finish within {timeout:g} s (ended on the device)")
+            if code == _SIGKILL_CODE:
+                err = killed_notice(err, took, timeout)
         return CommandResult(argv, code, out, err, time.monotonic() - started)
 
     def sudo_argv(self, argv: Sequence[str]) -> list[str]:
@@ -503,6 +519,15 @@ class SSHConnection(Connection):
 
 class _LocalDeadline(Exception):
     pass
+
+
+def killed_notice(stderr: str, took_s: float, limit_s: float) -> str:
+    """stderr of a command that exited 137 (SIGKILL) after took_s, before its limit_s time limit, with the
+    notice a shell prints for a job killed by SIGKILL appended as its own last line. The device's `timeout`
+    did not end it (it cannot before the limit): something on the device did, the kernel's OOM killer above all."""
+    sep = "" if not stderr or stderr.endswith("\n") else "\n"
+    return (f"{stderr}{sep}Killed (SIGKILL on the device after {took_s:.1f} s, before the {limit_s:g} s time limit: "
+            f"not a timeout)\n")
 
 
 def _send_signal(chan: paramiko.Channel, name: str) -> None:

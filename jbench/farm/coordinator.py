@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 DEFAULT_PORT = 20408  # labgrid-coordinator's default listening port
+# labgrid (and its gRPC) come with the `farm` extra only: every other command works without them.
+LABGRID_MISSING = "the device farm needs labgrid, which is not installed: pip install 'jbench[farm]'"
 
 
 class CoordinatorError(Exception):
@@ -83,8 +85,11 @@ class Coordinator:
     # -- connection ---------------------------------------------------------------------------------
 
     def open(self) -> "Coordinator":
-        import grpc
-        from labgrid.remote.generated import labgrid_coordinator_pb2, labgrid_coordinator_pb2_grpc
+        try:
+            import grpc
+            from labgrid.remote.generated import labgrid_coordinator_pb2, labgrid_coordinator_pb2_grpc
+        except ImportError as exc:
+            raise CoordinatorError(f"{LABGRID_MISSING} ({exc})") from None
 
         self._pb2 = labgrid_coordinator_pb2
         # Keepalive as labgrid-client sets it: a dead coordinator is noticed, an idle link is kept.

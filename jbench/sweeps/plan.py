@@ -5,7 +5,13 @@ line (`backend.n_gen=64,128`, parsed by Hydra's own override parser); a command-
 key the grid already sweeps replaces that dimension. A dimension over a config group
 (`model=a,b`) composes the config once per choice; a dimension over a value is checked against
 the typed schema once per distinct value and then applied to plain dicts, so planning stays fast
-for large grids. Nothing here touches a device.
+for large grids.
+
+Planning runs nothing on a device and changes nothing there. What it reads: this machine's model
+files (GGUF headers, through the model-facts cache) and its /proc/meminfo, for context and memory
+fit; with `@device.power_modes` in the grid, the device's own nvpmodel.conf (one read-only command
+over a connection to it); with `device=@CLASS` and a farm coordinator, the coordinator's list of
+places (nothing is reserved).
 """
 
 from __future__ import annotations

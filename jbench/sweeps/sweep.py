@@ -519,7 +519,7 @@ def check_store(tracking: Any, experiment: str) -> Store:
                               "to a writable directory")
     if tracking.unreachable not in ("stop", "spool"):
         raise SweepInputError(f"tracking.unreachable={tracking.unreachable}: use stop or spool")
-    down = server_problem(uri)
+    down = server_problem(uri, wait_s=tracking.server_wait_s)
     if down is None:
         from jbench.tracking.format import StoreFormatError, check
 

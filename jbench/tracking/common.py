@@ -7,16 +7,21 @@ so the checks before a sweep cost milliseconds.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
+import socket
 import sqlite3
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import unquote
+
+from jbench.core.schema import TrackingConfig
 
 # MLflow 3 sends usage telemetry of its own by default; jbench does not phone home for its users.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -153,12 +158,75 @@ def store_exists(uri: str) -> bool:
 
 # -- checks before anything runs (no MLflow import) ----------------------------------------------------
 
-def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
+# How long a tracking server that is slow (a request timed out) is given at the start before it counts as not
+# answering; tracking.server_wait_s sets it per sweep (TrackingConfig's default is this value). A server that refuses
+# the connection, or a host name that does not resolve, is down at once: waiting would not help.
+DEFAULT_SERVER_WAIT_S = TrackingConfig().server_wait_s
+# The first request's timeout; each retry after a timeout doubles it, within what is left of the wait.
+_FIRST_TIMEOUT_S = 3.0
+
+
+class _Slow(Exception):
+    """A request to the server timed out (it may only be slow)."""
+
+
+def _timed_out(exc: BaseException) -> bool:
+    reason = getattr(exc, "reason", None) if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, (TimeoutError, socket.timeout))
+
+
+def _down(exc: BaseException) -> str:
+    """What a request that failed without a timeout says about the server: it is down (or not there)."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return "it does not answer: the connection was refused (down: nothing listens there)"
+    if isinstance(reason, socket.gaierror):
+        return f"it does not answer: its host name does not resolve ({reason.strerror or reason})"
+    return f"it does not answer ({reason})"
+
+
+def _request(request: "urllib.request.Request", deadline: float, timeout: float, timed_out: list[float]) -> tuple[int, float]:
+    """GET `request` and read its body; a timeout is retried with twice the timeout while `deadline` (monotonic) is
+    not reached (the first attempt is always made, with `timeout`). Returns (HTTP status, the timeout that
+    sufficed); raises _Slow when the time is spent, and HTTPError, URLError or OSError (other than a timeout) at once.
+    `timed_out` gets the timeout of each attempt that timed out."""
+    while True:
+        left = deadline - time.monotonic()
+        attempt = timeout if not timed_out or left >= timeout else max(left, 0.05)
+        try:
+            with urllib.request.urlopen(request, timeout=attempt) as resp:
+                resp.read()  # within the same timeout: a server slow to send its answer is slow
+                return resp.status, attempt
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError) as exc:
+            if not _timed_out(exc):
+                raise
+        timed_out.append(attempt)
+        if deadline - time.monotonic() <= 0:
+            raise _Slow()
+        timeout *= 2
+
+
+def server_problem(uri: str, timeout: float = _FIRST_TIMEOUT_S, *, wait_s: Optional[float] = None) -> Optional[str]:
     """Why the MLflow server at `uri` cannot be used, or None when its /health and its store answer (local stores:
-    None)."""
+    None).
+
+    Slow is not down: a request that times out is asked again, each time with twice the timeout (the first:
+    `timeout`), until `wait_s` seconds (None: DEFAULT_SERVER_WAIT_S, tracking.server_wait_s) have passed since the
+    check began; a server that answers within them is used. A refused connection or a host name that does not
+    resolve is down at once. The message says which it was."""
     if not is_remote(uri):
         return None
     from urllib.parse import urlsplit, urlunsplit
+
+    wait = DEFAULT_SERVER_WAIT_S if wait_s is None else max(0.0, float(wait_s))
+    deadline = time.monotonic() + wait
+    timed_out: list[float] = []
+
+    def slow() -> str:
+        return (f"it is up but too slow: no answer within {max(wait, timed_out[0]):g} s ({len(timed_out)} request(s) "
+                f"timed out, the last after {timed_out[-1]:g} s); tracking.server_wait_s=SECONDS gives it longer")
 
     try:
         parts = urlsplit(uri)
@@ -169,20 +237,23 @@ def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
 
             token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            if resp.status != 200:
-                return f"its /health answered HTTP {resp.status}"
+        status, enough = _request(request, deadline, timeout, timed_out)
+        if status != 200:
+            return f"its /health answered HTTP {status}"
+    except _Slow:
+        return slow()
     except urllib.error.HTTPError as exc:
         return f"its /health answered HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"it does not answer ({reason})"
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        return _down(exc)
     # /health answers without the store: with its database down the server answers every store request with
     # HTTP 503 (measured, docs/team-store.md). Ask the store once; only a 5xx counts (auth is checked later).
     request.full_url = request.full_url[:-len("/health")] + "/api/2.0/mlflow/experiments/search?max_results=1"
     try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            return None
+        _request(request, deadline, enough, timed_out)  # with the timeout /health needed: no need to learn it again
+        return None
+    except _Slow:
+        return slow()
     except urllib.error.HTTPError as exc:
         if exc.code < 500:
             return None
@@ -191,9 +262,8 @@ def server_problem(uri: str, timeout: float = 3.0) -> Optional[str]:
         except ValueError:
             code = ""
         return f"it answers, but its store does not (HTTP {exc.code} {code}; is the server's database up?)"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"it does not answer ({reason})"
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        return _down(exc)
 
 
 def writable_problem(path: str | Path, *, directory: bool = True) -> Optional[str]:

@@ -28,7 +28,8 @@ Factory = Callable[..., EmulatedJetson]
 def _make_factory(tmp_path_factory: pytest.TempPathFactory, started: List[EmulatedJetson]) -> Factory:
     def make(module: str = "orin_nano", **options: Any) -> EmulatedJetson:
         if (options.get("real_paths") or options.get("jtop")) and os.geteuid() != 0:
-            pytest.skip("real_paths/jtop emulated Jetsons need root (a mount namespace with bind mounts over /sys)")
+            pytest.fail("real_paths/jtop emulated Jetsons need root (a mount namespace with bind mounts over /sys): "
+                        "run the tests as root, as CI does (`sudo make test`, or `.ci/run` as root)", pytrace=False)
         base = tmp_path_factory.mktemp(f"emu-{module}", numbered=True)
         emu = EmulatedJetson.start(module, base_dir=base, **options)
         started.append(emu)
