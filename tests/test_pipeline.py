@@ -36,7 +36,7 @@ def plugin_package(tmp_path, monkeypatch):
             REQUIRES = ("decode_tps",)
             PROVIDES = ("decode_tokens_per_watt",)
             def run(self, ctx):
-                # Runs after the built-in analyses: it sees their metrics in the trial's record.
+                # Runs after phase_speed, which provides what it requires: it sees decode_tps in the record.
                 ctx.record.merge(Result(tags={"my_checks.seen": ctx.trial.label},
                                         metrics={"my_checks.decode_tps_seen": ctx.record.metrics.get("decode_tps", -1.0)}))
 
@@ -224,10 +224,10 @@ def _sweep(stages, monkeypatch, **sweep_overrides):
 
 def test_a_users_analysis_runs_in_a_trial_and_its_output_is_recorded(plugin_package, monkeypatch):
     # The default stage list with the measurement played by a script (no device, no llama.cpp here): the
-    # registered analyses run after it, the user's last, and what it adds lands in the trial's run.
+    # registered analyses run after it in the order their metrics need, and what the user's adds lands in the run.
     stages = [_Scripted(["ok"]) if isinstance(s, Measure) else s for s in default_stages()
               if not isinstance(s, (PowerState, DeviceState, ThermalGate))]
-    assert [type(s).__name__ for s in stages] == ["_Scripted", "PhaseSpeed", "Roofline", "Noise", "TokensPerWatt"]
+    assert [type(s).__name__ for s in stages] == ["_Scripted", "PhaseSpeed", "Noise", "Roofline", "TokensPerWatt"]
     s, tracker = _sweep(stages, monkeypatch)
     outcome = s.run().outcomes[0]
     assert outcome.status == Status.FINISHED, outcome

@@ -1,6 +1,6 @@
 """The nightly job as a function CI can call: `run_nightly("orin_nano_super")` is `jbench nightly orin_nano_super`.
 
-Steps: plan `+experiment=<exp> device=@CLASS sweep.rerun=true` (nothing touches a device while planning); run it
+Steps: plan `+experiment=<exp> device=@CLASS sweep.rerun=true` (planning changes no device); run it
 as a class sweep in which every unit runs the whole matrix (each unit is compared with its own history: units
 of one class differ); the sweep leases the class (farm places or device entries) and releases it when it
 returns, raises, or is interrupted, so the devices are free before regress and report run. Then regress this
