@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from jbench.core import registry
 from jbench.core.schema import SchemaError
+from jbench.core.trial import Trial
 from jbench.backends.base import Backend, BackendError, Capabilities, backend_class
 from jbench.config import ConfigError, compose
 from jbench.device.local import LocalConnection
@@ -200,6 +201,12 @@ def test_the_backend_holds_its_typed_config(name):
     assert isinstance(cls(section).config, cls.CONFIG) and cls(section).config == obj
     with pytest.raises(SchemaError, match="backend.no_such_knob"):
         cls({**section, "no_such_knob": 1})
+    # A trial's own backend section comes typed the same way; another backend's trial is refused.
+    base = {"device": {"name": "d"}, "model": {"name": "m", "quant": "Q4_0"}}
+    assert cls(obj).config_of(Trial(1, {**base, "backend": section}, {}, {}, "h")) == obj
+    other = next(n for n in REGISTERED if n != name)
+    with pytest.raises(TypeError, match=f"backend {name} got a trial"):
+        cls(obj).config_of(Trial(1, {**base, "backend": {"name": other}}, {}, {}, "h"))
 
 
 def test_schema_is_registered_and_composes(name):

@@ -7,7 +7,7 @@ talks to MLflow and never opens connections itself. New backends register throug
 A backend declares its config as a dataclass (`CONFIG`, the schema of conf/backend/<NAME>.yaml) and is
 typed by it: `class MyBackend(Backend[MyConfig])`. `self.config` is that dataclass (a section given as a
 plain mapping is converted once, in `__init__`); a trial's sections are read through `trial.cfg`, typed
-the same way (`self.trial_config(trial)` is the trial's backend section as this backend's CONFIG).
+the same way (`self.config_of(trial)` is the trial's backend section as this backend's CONFIG).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Backend(ABC, Generic[ConfigT]):
         # A plain section (the planner's trial config, a test's dict) becomes the schema object here, once.
         self.config: ConfigT = typed(self.CONFIG, config, where="backend")
 
-    def trial_config(self, trial: Trial) -> ConfigT:
+    def config_of(self, trial: Trial) -> ConfigT:
         """The trial's backend section as this backend's CONFIG (each trial of a sweep may set other values)."""
         cfg = trial.cfg.backend
         if not isinstance(cfg, self.CONFIG):

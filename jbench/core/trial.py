@@ -6,7 +6,7 @@ The identity itself (which config fields count) is declared on the schemas and c
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping, Optional
 
@@ -70,8 +70,8 @@ def backend_config(section: Any) -> Any:
 
 # Sections of a plain trial config and their schemas (the backend's is looked up by its name); keys that are
 # no section (the planner's `quality`, ...) are not part of the typed view.
-_SECTIONS: dict[str, type] = {
-    f.name: typing.get_type_hints(TrialConfig)[f.name] for f in fields(TrialConfig) if f.name not in ("backend", "profile")}
+_SECTIONS: dict[str, type] = {name: schema for name, schema in typing.get_type_hints(TrialConfig).items()
+                              if name not in ("backend", "profile")}
 
 
 def trial_config(config: Mapping[str, Any]) -> TrialConfig:

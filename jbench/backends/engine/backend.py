@@ -283,7 +283,7 @@ class EngineBackend(Backend[EngineConfig]):
 
     def _available(self, trial: Trial) -> tuple[dict[str, Optional[str]], dict[str, Any]]:
         """(placeholder -> None or why it has no value, placeholder -> value)."""
-        cfg, model = self.trial_config(trial), trial.cfg.model
+        cfg, model = self.config_of(trial), trial.cfg.model
         reasons: dict[str, Optional[str]] = {}
         values: dict[str, Any] = {}
         if cfg.binary:
@@ -315,7 +315,7 @@ class EngineBackend(Backend[EngineConfig]):
     # ---- validate / preflight
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         problems: list[str] = []
         problems += size_problems(cfg)
         if cfg.context < 1:
@@ -390,7 +390,7 @@ class EngineBackend(Backend[EngineConfig]):
     def command(self, trial: Trial, model_path: Optional[str] = None, *, n_prompt: Optional[int] = None,
                 n_gen: Optional[int] = None, repetitions: Optional[int] = None) -> list[str]:
         """The engine's argv for this trial (the values may be overridden for an energy pass)."""
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         reasons, values = self._available(trial)
         problems = check_template([str(x) for x in cfg.command], reasons)
         if problems:
@@ -422,7 +422,7 @@ class EngineBackend(Backend[EngineConfig]):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         template = [str(x) for x in cfg.command]
         used = used_placeholders(template)
         model_path = None
@@ -562,7 +562,7 @@ class EngineBackend(Backend[EngineConfig]):
 
     def _analyse(self, trial: Trial, runs: list[EngineRun], result: BackendResult, log: logging.Logger) -> None:
         """Findings from the log (power line, prefill vs decode) and, with trace, the GEMV analysis."""
-        cfg, profile = self.trial_config(trial), trial.cfg.profile
+        cfg, profile = self.config_of(trial), trial.cfg.profile
         if not runs:
             return
         rates = {p: pr.samples_tps for p, pr in result.phases.items()}

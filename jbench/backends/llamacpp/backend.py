@@ -104,7 +104,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         return found
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg, model = self.trial_config(trial), trial.cfg.model
+        cfg, model = self.config_of(trial), trial.cfg.model
         problems = []
         if (msg := check_quant(model.quant)) is not None:
             problems.append(msg)
@@ -187,7 +187,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
 
     def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
         """llama-server's argument list for the latency scenario."""
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         slots = server_slots(cfg)
         context = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, slots)
         return server.server_argv(
@@ -200,7 +200,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
     def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
                 repetitions: Optional[int] = None) -> list[str]:
         """llama-bench's argument list; only_phase runs just prefill or decode (the energy pass)."""
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         n_prompt = 0 if only_phase == "decode" else cfg.n_prompt
         n_gen = 0 if only_phase == "prefill" else cfg.n_gen
         argv = [
@@ -231,7 +231,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         model_path = device_model_path(trial, conn)
         if cfg.scenario == "latency":
             return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
@@ -265,7 +265,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
     def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
                      only_phase: Optional[str] = None) -> BackendResult:
         """The latency scenario: llama-server on the device, streaming requests (jbench.backends.llamacpp.server)."""
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         if only_phase:
             # Latency phases carry no device-clock windows, so the energy pass never asks; if it does,
             # the whole scenario runs (a request always has both phases).

@@ -210,7 +210,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
     # ---- validate / preflight
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg, model = self.trial_config(trial), trial.cfg.model
+        cfg, model = self.config_of(trial), trial.cfg.model
         p: list[str] = []
         for key, value, valid in (("variant", cfg.variant, VARIANTS), ("mode", cfg.mode, MODES),
                                   ("jetson_program", cfg.jetson_program, JETSON_PROGRAMS)):
@@ -283,7 +283,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
 
     def reads_model_file(self, trial: Trial) -> bool:
         # A prebuilt engine (backend.engine_dir) is run as it is: the checkpoint is not read.
-        return not self.trial_config(trial).engine_dir
+        return not self.config_of(trial).engine_dir
 
     def preflight(self, conn: Connection) -> list[str]:
         cfg = self.config
@@ -353,7 +353,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
     def prepare_engine(self, trial: Trial, conn: Connection, log: logging.Logger) -> tuple[str, str, dict]:
         """(engine directory, 'prebuilt' | 'cached' | 'built', manifest): builds only when no engine with the
         same key is cached on the device."""
-        cfg, model = self.trial_config(trial), trial.cfg.model
+        cfg, model = self.config_of(trial), trial.cfg.model
         if cfg.engine_dir:
             path = conn.expand_path(cfg.engine_dir)
             if not conn.exists(path):
@@ -406,7 +406,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
                 "--output-stdev", "0", "--num-requests", str(cfg.num_requests)]
 
     def prepare_dataset(self, trial: Trial, conn: Connection, log: logging.Logger) -> str:
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         if cfg.dataset:
             path = conn.expand_path(cfg.dataset)
             if not conn.exists(path):
@@ -495,7 +495,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        cfg = self.trial_config(trial)
+        cfg = self.config_of(trial)
         engine_dir, cache_state, manifest = self.prepare_engine(trial, conn, log)
         dataset = self.prepare_dataset(trial, conn, log) if cfg.variant == "trtllm-bench" else None
         argv = self.bench_command(cfg, engine_dir, dataset)
