@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jbench.analysis.energy import window_energy  # noqa: E402
 from jbench.analysis.telemetry import counter_energy  # noqa: E402
 from jbench.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from jbench.device.local import LocalConnection  # noqa: E402
-from jbench.runner.context import TrialContext, typed_config  # noqa: E402
+from jbench.runner.context import TrialContext  # noqa: E402
+from jbench.runner.session import DeviceSession  # noqa: E402
 from jbench.runner.measure import measure  # noqa: E402
 from jbench.core.trial import Trial
 
@@ -85,7 +85,9 @@ def main() -> None:
     for min_window in (0.5, 2.0, 8.0):
         trial = make_trial(args.bin_dir, args.model, n_prompt=512, n_gen=256, reps=3, min_window_s=min_window)
         backend = LlamaCppBackend(trial.config["backend"])
-        ctx = TrialContext(trial, typed_config(trial.config), LocalConnection(), backend, None, log)
+        session = DeviceSession(trial.config["device"], owner="bench-nvml-energy")
+        assert session.connect() == [], "this machine as the device"
+        ctx = TrialContext(trial, trial.cfg, session, backend, log)
         measure(ctx)
         measured = ctx.record
         import csv

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from omegaconf import OmegaConf
 
 from jbench.core import registry
+from jbench.core.schema import SchemaError
+from jbench.core.trial import Trial
 from jbench.backends.base import Backend, BackendError, Capabilities, backend_class
 from jbench.config import ConfigError, compose
 from jbench.device.local import LocalConnection
@@ -188,6 +191,24 @@ def test_class_declares_the_contract(name):
     assert cls.CONFIG().name == name
 
 
+def test_the_backend_holds_its_typed_config(name):
+    """`self.config` is the backend's CONFIG dataclass whether it was given the dataclass or a plain section;
+    a key the schema does not have is named, not carried along."""
+    cls = backend_class(name)
+    cfg, _ = compose([f"backend={name}"])
+    section, obj = OmegaConf.to_container(cfg.backend, resolve=True), OmegaConf.to_object(cfg.backend)
+    assert cls(obj).config is obj
+    assert isinstance(cls(section).config, cls.CONFIG) and cls(section).config == obj
+    with pytest.raises(SchemaError, match="backend.no_such_knob"):
+        cls({**section, "no_such_knob": 1})
+    # A trial's own backend section comes typed the same way; another backend's trial is refused.
+    base = {"device": {"name": "d"}, "model": {"name": "m", "quant": "Q4_0"}}
+    assert cls(obj).config_of(Trial(1, {**base, "backend": section}, {}, {}, "h")) == obj
+    other = next(n for n in REGISTERED if n != name)
+    with pytest.raises(TypeError, match=f"backend {name} got a trial"):
+        cls(obj).config_of(Trial(1, {**base, "backend": {"name": other}}, {}, {}, "h"))
+
+
 def test_schema_is_registered_and_composes(name):
     from hydra.core.config_store import ConfigStore
 
@@ -243,13 +264,13 @@ def test_run_returns_phases_with_positive_samples(name, tmp_path, monkeypatch, n
     result = backend.run(trial, LocalConnection(), log)
     assert isinstance(result, BackendResult)
     assert set(result.phases) == {"prefill", "decode"}
-    cfg = trial.config["backend"]
+    cfg = trial.cfg.backend
     for phase, pr in result.phases.items():
         assert isinstance(pr, PhaseResult) and pr.phase == phase
         assert pr.n_tokens > 0 and len(pr.samples_ns) == case.repetitions
         assert all(isinstance(s, int) and s > 0 for s in pr.samples_ns)
         assert all(math.isfinite(r) and r > 0 for r in pr.samples_tps)
-    assert result.phases["decode"].n_tokens == cfg["n_gen"]
+    assert result.phases["decode"].n_tokens == cfg.n_gen
     assert result.raw_output.strip()
     assert result.command and all(isinstance(a, str) for a in result.command)
     assert isinstance(result.findings, list) and isinstance(result.metrics, dict)

@@ -15,6 +15,10 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+from jbench.backends.engine.backend import EngineConfig  # noqa: E402
+from jbench.backends.llamacpp.backend import LlamaCppConfig  # noqa: E402
+from jbench.backends.trtllm.backend import TrtllmConfig  # noqa: E402
+from jbench.core.schema import DeviceConfig  # noqa: E402
 from jbench.device import bandwidth as bwm  # noqa: E402
 from jbench.device.connection import CommandResult  # noqa: E402
 from jbench.device.local import LocalConnection  # noqa: E402
@@ -28,6 +32,9 @@ from tests.test_roofline import _write_gguf  # noqa: E402
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("JBENCH_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+LOCAL = DeviceConfig(name="local", kind="local")
 
 
 def _cal(runs, probe="cpu", state="governor=performance", device="dev") -> bwm.Calibration:
@@ -59,11 +66,13 @@ def test_calibration_statistics_and_round_trip():
 
 
 @pytest.mark.parametrize("backend, reported, path", [
-    ({"name": "llamacpp", "n_gpu_layers": 99}, "CUDA", "gpu"),
-    ({"name": "llamacpp", "n_gpu_layers": 0}, "CUDA", "cpu"),  # a CUDA build that offloads nothing decodes on CPU
-    ({"name": "llamacpp", "n_gpu_layers": 99}, "CPU", "cpu"),  # a CPU build ignores -ngl
-    ({"name": "llamacpp"}, None, "cpu"),
-    ({"name": "trtllm"}, None, "gpu"),
+    (LlamaCppConfig(n_gpu_layers=99), "CUDA", "gpu"),
+    (LlamaCppConfig(n_gpu_layers=0), "CUDA", "cpu"),  # a CUDA build that offloads nothing decodes on CPU
+    (LlamaCppConfig(n_gpu_layers=99), "CPU", "cpu"),  # a CPU build ignores -ngl
+    (LlamaCppConfig(), None, "cpu"),
+    (TrtllmConfig(), None, "gpu"),
+    (EngineConfig(), "CUDA", "gpu"),  # no layer count: the engine's own report decides
+    (EngineConfig(), None, "cpu"),
 ])
 def test_compute_path_picks_the_probe(backend, reported, path):
     assert bwm.compute_path(backend, reported) == path
@@ -87,27 +96,27 @@ def test_the_c_probe_measures_this_machine(cache):
     """The shipped C probe, compiled with this machine's cc and run on all its cores, reads at a positive rate;
     its binary is reused by source and compiler version."""
     conn = LocalConnection("local")
-    cal = bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", runs=3)  # sized by the LLC
+    cal = bwm.calibrate(conn, LOCAL, None, probe="cpu", runs=3)  # sized by the LLC
     assert cal.method.startswith("C read probe") and "16-byte vector loads" in cal.method
     assert len(cal.runs) == 3 and min(cal.runs) > 0 and cal.threads >= 1
     assert cal.power_state.startswith("governor=")
     binaries = sorted(p.name for p in (cache / "probes").glob("cpu_read-*") if not p.suffix)
     assert len(binaries) == 1
     assert cal.size_mb >= 512 and cal.details["buffer_bytes"] == cal.size_mb << 20
-    bwm.calibrate(conn, {"name": "local", "kind": "local"}, None, probe="cpu", threads=1, runs=3)
+    bwm.calibrate(conn, LOCAL, None, probe="cpu", threads=1, runs=3)
     assert sorted(p.name for p in (cache / "probes").glob("cpu_read-*") if not p.suffix) == binaries
 
 
 def test_without_a_compiler_numpy_reads_in_threads(cache, monkeypatch):
     monkeypatch.setattr(bwm, "last_level_cache_mb", lambda conn: 1.0)  # a small buffer is enough to test the path
-    cal = bwm.calibrate(NoCompiler("local"), {"name": "local"}, None, probe="cpu", size_mb=32, threads=2, runs=3)
+    cal = bwm.calibrate(NoCompiler("local"), LOCAL, None, probe="cpu", size_mb=32, threads=2, runs=3)
     assert cal.method == "numpy sum in 2 threads (no C compiler on the device)"
     assert min(cal.runs) > 0
 
 
 def test_gpu_probe_without_nvcc_names_the_fix(cache):
     with pytest.raises(bwm.CalibrationError, match="no nvcc on 'local'.*install the CUDA toolkit"):
-        bwm.calibrate(NoCompiler("local"), {"name": "local"}, None, probe="gpu")
+        bwm.calibrate(NoCompiler("local"), LOCAL, None, probe="gpu")
 
 
 def test_trial_bandwidth_order_and_auto_calibration(cache):

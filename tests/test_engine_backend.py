@@ -359,10 +359,10 @@ def test_engine_repeating_itself_with_repetitions_placeholder(tmp_path):
 
 def test_custom_log_patterns():
     patterns = dict(prefill=r"PP (?P<tokens>\d+)t (?P<ms>[\d.]+)ms", decode=r"TG (?P<tokens>\d+)t (?P<ms>[\d.]+)ms")
-    from jbench.backends.engine.backend import _patterns
+    from jbench.backends.engine.backend import EngineLogPatterns, _patterns
 
     run = parse_engine_output("1795000000.5 @@start\n1795000001.0 PP 16t 8.0ms\n1795000002.0 TG 4t 500ms\n",
-                              _patterns({"patterns": patterns}))
+                              _patterns(EngineLogPatterns(**patterns)))
     assert run.start == 1795000000.5
     assert (run.parsed.prefill[0].tokens, run.parsed.prefill[0].ms) == (16, 8.0)
     assert run.stamp(run.parsed.decode[0]) == 1795000002.0

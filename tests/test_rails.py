@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, energy_metrics
+from jbench.core.schema import ProfileConfig, typed
 from jbench.device.local import LocalConnection
 from jbench.device.telemetry import parse_line, total_input_power_mw
 from jbench.device.telemetry.rails import (
@@ -129,8 +130,10 @@ def _rails_mw(line: str) -> dict[str, float]:
     return {name: rail.current_mw for name, rail in sample.rails.items()}
 
 
-def _profile(name: str) -> dict:
-    return yaml.safe_load((PROFILES / f"{name}.yaml").read_text())
+def _profile(name: str) -> ProfileConfig:
+    data = yaml.safe_load((PROFILES / f"{name}.yaml").read_text())
+    data.pop("defaults", None)
+    return typed(ProfileConfig, data)
 
 
 # --- the rule, per module family ----------------------------------------------------------------
@@ -150,14 +153,14 @@ def test_the_combined_rail_is_never_both_gpu_and_cpu():
     rails = _rails_mw(ORIN_NANO)
     # The shipped Orin Nano profile names VDD_CPU_GPU_CV as its GPU rail and as its CPU rail.
     prof = _profile("orin_nano_super")
-    assert prof["gpu_rail"] == prof["cpu_rail"] == "VDD_CPU_GPU_CV"
+    assert prof.gpu_rail == prof.cpu_rail == "VDD_CPU_GPU_CV"
     assert component_rails(rails, prof) == {"cpu_gpu_cv": "VDD_CPU_GPU_CV"}
     # Named for one role only, it still is the combined rail, not GPU energy.
-    assert component_rails(rails, {"gpu_rail": "VDD_CPU_GPU_CV"}) == {"cpu_gpu_cv": "VDD_CPU_GPU_CV"}
+    assert component_rails(rails, ProfileConfig(gpu_rail="VDD_CPU_GPU_CV")) == {"cpu_gpu_cv": "VDD_CPU_GPU_CV"}
     # Any rail a profile names for both roles is reported once.
-    assert component_rails(_rails_mw(TX2), {"gpu_rail": "VDD_IN", "cpu_rail": "VDD_IN"}) == {"cpu_gpu_cv": "VDD_IN"}
+    assert component_rails(_rails_mw(TX2), ProfileConfig(gpu_rail="VDD_IN", cpu_rail="VDD_IN")) == {"cpu_gpu_cv": "VDD_IN"}
     # A profile's rail that is absent gives nothing (no fallback to another rail).
-    assert component_rails(_rails_mw(NANO), {"gpu_rail": "VDD_GPU", "cpu_rail": "POM_5V_CPU"}) == {"cpu": "POM_5V_CPU"}
+    assert component_rails(_rails_mw(NANO), ProfileConfig(gpu_rail="VDD_GPU", cpu_rail="POM_5V_CPU")) == {"cpu": "POM_5V_CPU"}
     fields, _ = power_fields({k: v / 1000 for k, v in rails.items()}, prof)
     assert fields == {"power_w": pytest.approx(12.479), "cpu_gpu_cv_power_w": pytest.approx(4.667)}
 
@@ -181,11 +184,11 @@ def test_shipped_profiles(profile, line, expected_mw, rule):
 
 def test_profile_rail_lists_and_what_never_counts():
     rails = _rails_mw(ORIN_NANO)
-    assert input_power(rails, {"power_rails": ["VDD_CPU_GPU_CV", "VDD_SOC"]}) == InputPower(
+    assert input_power(rails, ProfileConfig(power_rails=["VDD_CPU_GPU_CV", "VDD_SOC"])) == InputPower(
         4667 + 2817, ["VDD_CPU_GPU_CV", "VDD_SOC"], "profile")
-    assert input_power(rails, {"power_rails": ["VDD_IN", "NOT_A_RAIL"]}).value is None  # a partial sum would be low
-    assert input_power(rails, {"power_rails": []}).label == "board input VDD_IN"  # [] = the documented rule
-    assert input_power(_rails_mw(AGX_ORIN_JP5), {"power_rails": ["NC"]}).value is None  # placeholders are never rails
+    assert input_power(rails, ProfileConfig(power_rails=["VDD_IN", "NOT_A_RAIL"])).value is None  # a partial sum would be low
+    assert input_power(rails, ProfileConfig(power_rails=[])).label == "board input VDD_IN"  # [] = the documented rule
+    assert input_power(_rails_mw(AGX_ORIN_JP5), ProfileConfig(power_rails=["NC"])).value is None  # placeholders are never rails
     assert input_power({"NC": 0.0, "VDD_GPU_SOC": 1.0}) == InputPower(None, [], "none")
     assert input_power({}) == InputPower(None, [], "none")
     # An AGX Orin reading that lost one of its required rails is unknown, never a partial sum.
@@ -196,7 +199,8 @@ def test_profile_rail_lists_and_what_never_counts():
 
 
 def test_tegrastats_sample_fields():
-    s = tegrastats_sample(1.0, ORIN_NANO, ["VDD_IN"], "VDD_CPU_GPU_CV", "VDD_CPU_GPU_CV")
+    s = tegrastats_sample(1.0, ORIN_NANO, ProfileConfig(power_rails=["VDD_IN"], gpu_rail="VDD_CPU_GPU_CV",
+                                                        cpu_rail="VDD_CPU_GPU_CV"))
     assert s["power_w"] == pytest.approx(12.479) and s["cpu_gpu_cv_power_w"] == pytest.approx(4.667)
     assert "gpu_power_w" not in s and "cpu_power_w" not in s
     n = tegrastats_sample(1.0, NANO)
@@ -241,10 +245,8 @@ def _iio(root: Path, chip: str, channels: list[tuple[str, int, int]], *, power_f
             (d / f"in_power{k}_input").write_text(f"{mv * ma // 1000}\n")
 
 
-def _sysfs_samples(root: Path, profile: dict | None = None) -> tuple[dict, SysfsSampler]:
-    p = profile or {}
-    sampler = SysfsSampler(LocalConnection(), 20, rails_spec=p.get("power_rails") or None, gpu_rail=p.get("gpu_rail"),
-                           cpu_rail=p.get("cpu_rail"), sysfs_root=str(root)).start()
+def _sysfs_samples(root: Path, profile: ProfileConfig | None = None) -> tuple[dict, SysfsSampler]:
+    sampler = SysfsSampler(LocalConnection(), 20, profile=profile, sysfs_root=str(root)).start()
     assert sampler.wait_for_samples(2, timeout_s=20), sampler.problem
     samples = sampler.stop()
     return samples[0], sampler
@@ -339,7 +341,7 @@ FAKE_JTOP = textwrap.dedent('''
 ''')
 
 
-def _jtop_samples(tmp_path, monkeypatch, power: dict, profile: dict | None = None) -> tuple[list[dict], JtopSampler]:
+def _jtop_samples(tmp_path, monkeypatch, power: dict, profile: ProfileConfig | None = None) -> tuple[list[dict], JtopSampler]:
     (tmp_path / "jtop").mkdir(exist_ok=True)
     (tmp_path / "jtop" / "__init__.py").write_text(FAKE_JTOP)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

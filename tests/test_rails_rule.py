@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from jbench.core.schema import ProfileConfig
 from jbench.device.local import LocalConnection
 from jbench.device.telemetry import parse_line
 from jbench.device.telemetry.hwmon import SysfsSampler
@@ -61,11 +62,11 @@ def test_every_corpus_line_gets_its_familys_rule(name):
     assert seen - {"none"}, f"{name}: no line with rails"
 
 
-@pytest.mark.parametrize("profile", [{"gpu_rail": "VDD_CPU_GPU_CV", "cpu_rail": "VDD_CPU_GPU_CV"},
-                                     {"gpu_rail": "VDD_SOC", "cpu_rail": "VDD_SOC"}, None])
+@pytest.mark.parametrize("profile", [ProfileConfig(gpu_rail="VDD_CPU_GPU_CV", cpu_rail="VDD_CPU_GPU_CV"),
+                                     ProfileConfig(gpu_rail="VDD_SOC", cpu_rail="VDD_SOC"), None])
 def test_a_rail_named_for_both_roles_is_counted_once(profile):
     line = _corpus_lines("tegrastats-orin-nano.txt")[0]
-    s = tegrastats_sample(1.0, line, None, *(((profile or {}).get("gpu_rail"), (profile or {}).get("cpu_rail"))))
+    s = tegrastats_sample(1.0, line, profile)
     assert "gpu_power_w" not in s and "cpu_power_w" not in s and s["cpu_gpu_cv_power_w"] > 0
 
 

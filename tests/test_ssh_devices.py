@@ -17,6 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from jbench.backends.base import command_failure, looks_oom
+from jbench.core.schema import DeviceConfig, ProfileConfig, typed
 from jbench.device.connection import CommandTimeout, DeviceError
 
 from jbench.device.connect import connect
@@ -260,7 +261,8 @@ def test_fingerprint_and_doctor_on_two_modules(emulated_jetson_factory, module, 
         assert tags["jetson.jetpack"] and tags["jetson.power_mode"].startswith(emu.nvpmodel_mode_name)
         from jbench.config import load_profile
 
-        checks = {c.item: c for c in doctor(conn, cfg, load_profile(cfg["profile"]))}
+        device = typed(DeviceConfig, cfg)
+        checks = {c.item: c for c in doctor(conn, device, typed(ProfileConfig, load_profile(device.profile)))}
     assert checks["module"].status == "pass" and model_word in checks["module"].detail
     assert f"L4T {l4t}" in checks["L4T / JetPack"].detail
     assert checks["jetson_clocks"].status == "warn" and "sudo jetson_clocks" in checks["jetson_clocks"].fix

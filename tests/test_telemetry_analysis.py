@@ -7,6 +7,7 @@ import time
 import pytest
 
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, counter_energy, energy_metrics, findings
+from jbench.core.schema import ProfileConfig
 from jbench.device.local import LocalConnection
 from jbench.device.telemetry.samplers import SysfsSampler, split_stamp, tegrastats_sample
 
@@ -88,7 +89,8 @@ def test_no_power_signal_is_a_reason_not_a_zero():
 def test_tegrastats_sample_uses_the_profile_rails():
     line = next(l for l in (DATA / "jetson-formats" / "tegrastats-agx-orin.txt").read_text().splitlines()
                 if l and not l.startswith("#") and "VDD_GPU_SOC" in l)
-    s = tegrastats_sample(5.0, line, rails_spec=["VDD_GPU_SOC"], gpu_rail="VDD_GPU_SOC", cpu_rail="VDD_CPU_CV")
+    s = tegrastats_sample(5.0, line, ProfileConfig(power_rails=["VDD_GPU_SOC"], gpu_rail="VDD_GPU_SOC",
+                                                   cpu_rail="VDD_CPU_CV"))
     assert s["power_w"] == pytest.approx(s["rail_VDD_GPU_SOC_w"]) and s["gpu_power_w"] == s["rail_VDD_GPU_SOC_w"]
     assert split_stamp("1795242869.151979 RAM 1/2MB") == (1795242869.151979, "RAM 1/2MB")
     assert split_stamp("garbage") == (None, "garbage")
@@ -101,7 +103,8 @@ def test_sysfs_sampler_reads_ina3221_hwmon(tmp_path):
         (hw / f"in{k}_label").write_text(label + "\n")
         (hw / f"in{k}_input").write_text(f"{mv}\n")
         (hw / f"curr{k}_input").write_text(f"{ma}\n")
-    sampler = SysfsSampler(LocalConnection(), 20, gpu_rail="VDD_CPU_GPU_CV", sysfs_root=str(tmp_path)).start()
+    sampler = SysfsSampler(LocalConnection(), 20, profile=ProfileConfig(gpu_rail="VDD_CPU_GPU_CV"),
+                           sysfs_root=str(tmp_path)).start()
     assert sampler.wait_for_samples(5, timeout_s=20), sampler.problem
     samples = sampler.stop()
     # The combined CPU+GPU+CV rail is reported once, never as GPU (or CPU) energy.

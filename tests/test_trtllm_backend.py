@@ -60,7 +60,7 @@ def standin(tmp_path, monkeypatch):
             p = S.plan(*overrides)
             assert p.problems == [], p.problems
             t = p.trials[0]
-            return t, TrtllmBackend(t.config["backend"])
+            return t, TrtllmBackend(t.cfg.backend)
 
         @staticmethod
         def calls(prog: str | None = None) -> list[dict]:
@@ -81,7 +81,7 @@ LATENCY = ("backend.n_prompt=2048", "backend.n_gen=2048")  # the recorded 0.16 l
 
 def test_build_and_bench_commands_latency(standin):
     trial, b = standin.trial(*LATENCY, "+backend.build_args=[--gemm_plugin,float16]")
-    cfg = trial.config["backend"]
+    cfg = trial.cfg.backend
     assert b.build_command("/ck", "/eng", cfg) == [
         f"{TRT}/trtllm-build", "--checkpoint_dir", "/ck", "--output_dir", "/eng", "--max_batch_size", "1",
         "--max_input_len", "2048", "--max_seq_len", "4096", "--gemm_plugin", "float16"]
@@ -98,25 +98,25 @@ def test_bench_command_throughput_streaming(standin):
     trial, b = standin.trial("backend.mode=throughput", "backend.batch_size=8", "backend.concurrency=1",
                              "backend.model_path=/hf/llama", "backend.bench_backend=tensorrt",
                              "backend.extra_args=[--kv_cache_free_gpu_mem_fraction,0.5]")
-    assert b.bench_command(trial.config["backend"], "/eng", "/d.jsonl") == [
+    assert b.bench_command(trial.cfg.backend, "/eng", "/d.jsonl") == [
         f"{TRT}/trtllm-bench", "--model", HF, "--model_path", "/hf/llama", "throughput", "--dataset", "/d.jsonl",
         "--engine_dir", "/eng", "--num_requests", "4", "--warmup", "2", "--backend", "tensorrt",
         "--concurrency", "1", "--streaming", "--kv_cache_free_gpu_mem_fraction", "0.5"]
     # the dataset's tokenizer is the local model when one is given
-    assert b.dataset_command(trial.config["backend"])[4] == "/hf/llama"
+    assert b.dataset_command(trial.cfg.backend)[4] == "/hf/llama"
 
 
 def test_jetson_commands(standin):
     trial, b = standin.trial("backend.variant=jetson-v0.12", "backend.benchmark_dir=/trt/cpp/build/benchmarks",
                              "backend.n_prompt=128", "backend.n_gen=128")
-    assert b.bench_command(trial.config["backend"], "/eng", None) == [
+    assert b.bench_command(trial.cfg.backend, "/eng", None) == [
         "/trt/cpp/build/benchmarks/gptSessionBenchmark", "--engine_dir", "/eng", "--batch_size", "1",
         "--input_output_len", "128,128", "--warm_up", "2", "--num_runs", "10", "--duration", "0",
         "--enable_cuda_graph"]
     trial, b = standin.trial("backend.variant=jetson-v0.12", "backend.jetson_program=benchmark.py",
                              "backend.benchmark_dir=/trt/benchmarks/python", "backend.enable_cuda_graph=false",
                              "backend.num_runs=5")
-    assert b.bench_command(trial.config["backend"], "/eng", None) == [
+    assert b.bench_command(trial.cfg.backend, "/eng", None) == [
         f"{TRT}/python3", "/trt/benchmarks/python/benchmark.py", "-m", "dec", "--engine_dir", "/eng",
         "--batch_size", "1", "--input_output_len", "128,128", "--warm_up", "2", "--num_runs", "5", "--duration", "0"]
 

@@ -3,6 +3,11 @@
 A backend turns a Trial into a BackendResult by running commands on a device Connection. It never
 talks to MLflow and never opens connections itself. New backends register through the
 `jbench.backends` entry-point group (see pyproject.toml), so adding one needs no core edit.
+
+A backend declares its config as a dataclass (`CONFIG`, the schema of conf/backend/<NAME>.yaml) and is
+typed by it: `class MyBackend(Backend[MyConfig])`. `self.config` is that dataclass (a section given as a
+plain mapping is converted once, in `__init__`); a trial's sections are read through `trial.cfg`, typed
+the same way (`self.config_of(trial)` is the trial's backend section as this backend's CONFIG).
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ import logging
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Generic, Mapping, Optional, Protocol, TypeVar, Union
 
 from jbench.core import registry
-from jbench.device.connection import CommandResult, Connection
 from jbench.core.results import BackendResult
+from jbench.core.schema import typed
 from jbench.core.trial import Trial
+from jbench.device.connection import CommandResult, Connection
+
+ConfigT = TypeVar("ConfigT")
 
 
 class BackendError(Exception):
@@ -81,14 +89,23 @@ class Capabilities:
     extra: dict = field(default_factory=dict)
 
 
-class Backend(ABC):
+class Backend(ABC, Generic[ConfigT]):
     NAME: ClassVar[str]
     CAPABILITIES: ClassVar[Capabilities]
-    # The dataclass schema of conf/backend/<NAME>.yaml (registered in Hydra's ConfigStore as <NAME>_schema).
+    # The dataclass schema of conf/backend/<NAME>.yaml (registered in Hydra's ConfigStore as <NAME>_schema);
+    # the class's ConfigT.
     CONFIG: ClassVar[type]
 
-    def __init__(self, config: dict):
-        self.config = config
+    def __init__(self, config: Union[ConfigT, Mapping[str, Any]]):
+        # A plain section (the planner's trial config, a test's dict) becomes the schema object here, once.
+        self.config: ConfigT = typed(self.CONFIG, config, where="backend")
+
+    def config_of(self, trial: Trial) -> ConfigT:
+        """The trial's backend section as this backend's CONFIG (each trial of a sweep may set other values)."""
+        cfg = trial.cfg.backend
+        if not isinstance(cfg, self.CONFIG):
+            raise TypeError(f"backend {self.NAME} got a trial whose backend section is a {type(cfg).__name__}")
+        return cfg
 
     @abstractmethod
     def validate(self, trial: Trial) -> list[str]:
@@ -139,7 +156,7 @@ def device_model_path(trial: Trial, conn: Connection, what: str = "model file") 
     from jbench.models.store import ModelError, resolve_model_file
 
     try:
-        path, _ = resolve_model_file(trial.section("model"))
+        path, _ = resolve_model_file(trial.cfg.model)
     except ModelError as exc:
         raise BackendError("missing_model", str(exc)) from None
     path = conn.expand_path(path)
@@ -148,13 +165,23 @@ def device_model_path(trial: Trial, conn: Connection, what: str = "model file") 
     return path
 
 
-def size_problems(cfg: dict) -> list[str]:
+class TokenCounts(Protocol):
+    """The common keys of a llama-bench-like backend's CONFIG (docs/backends.md)."""
+
+    n_prompt: int
+    n_gen: int
+    depth: int
+    repetitions: int
+
+
+def size_problems(cfg: TokenCounts) -> list[str]:
     """The token-count and repetition checks every llama-bench-like backend shares."""
-    problems = [f"backend.{key} must be >= 0 (got {cfg[key]})" for key in ("n_prompt", "n_gen", "depth") if cfg[key] < 0]
-    if cfg["n_prompt"] == 0 and cfg["n_gen"] == 0:
+    problems = [f"backend.{key} must be >= 0 (got {value})"
+                for key, value in (("n_prompt", cfg.n_prompt), ("n_gen", cfg.n_gen), ("depth", cfg.depth)) if value < 0]
+    if cfg.n_prompt == 0 and cfg.n_gen == 0:
         problems.append("backend.n_prompt and backend.n_gen are both 0: nothing to measure")
-    if cfg["repetitions"] < 1:
-        problems.append(f"backend.repetitions must be >= 1 (got {cfg['repetitions']})")
+    if cfg.repetitions < 1:
+        problems.append(f"backend.repetitions must be >= 1 (got {cfg.repetitions})")
     return problems
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import asdict
+from typing import Any, Optional
 
 import click
 from rich.table import Table
 
 from jbench.cli.app import common_options, _config_dir_option, _fail, console, main
 from jbench.core.exitcodes import ExitCode
+from jbench.core.schema import DeviceConfig, ProfileConfig, typed
+from jbench.core.trial import backend_config
 
 
-def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
-    """(device, profile or None, backend) for a device entry, through the same composition as sweeps."""
+def _device_config(name: str, config_dirs) -> tuple[DeviceConfig, Optional[ProfileConfig], Any]:
+    """(device, profile or None, backend CONFIG) for a device entry, through the same composition as sweeps."""
     from omegaconf import OmegaConf
 
     from jbench.config import ConfigError, compose, load_profile, user_config_dirs
@@ -20,9 +23,9 @@ def _device_config(name: str, config_dirs) -> tuple[dict, Optional[dict], dict]:
     try:
         dirs = user_config_dirs(list(config_dirs))
         cfg, _ = compose([f"device={name}"], dirs)
-        device = OmegaConf.to_container(cfg.device, resolve=True)
-        backend = OmegaConf.to_container(cfg.backend, resolve=True)
-        profile = load_profile(device["profile"], dirs) if device.get("profile") else None
+        device = typed(DeviceConfig, OmegaConf.to_container(cfg.device, resolve=True), where="device")
+        backend = backend_config(OmegaConf.to_container(cfg.backend, resolve=True))
+        profile = typed(ProfileConfig, load_profile(device.profile, dirs), where="profile") if device.profile else None
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     return device, profile, backend
@@ -60,10 +63,10 @@ def devices_list(config_dirs) -> None:
         table.add_column(col)
     for name in names:
         device, _, _ = _device_config(name, config_dirs)
-        address = "this machine" if device["kind"] == "local" else \
-            f"{device.get('user') + '@' if device.get('user') else ''}{device.get('host')}:{device.get('port')}"
-        tags = ", ".join(f"{k}={v}" for k, v in (device.get("tags") or {}).items())
-        table.add_row(name, device["kind"], address, device.get("profile") or "-", tags)
+        address = "this machine" if device.kind == "local" else \
+            f"{device.user + '@' if device.user else ''}{device.host}:{device.port}"
+        tags = ", ".join(f"{k}={v}" for k, v in device.tags.items())
+        table.add_row(name, device.kind, address, device.profile or "-", tags)
     console.print(table)
 
 
@@ -73,6 +76,7 @@ def devices_list(config_dirs) -> None:
 @_config_dir_option
 def devices_check(names, config_dirs) -> None:
     """Check reachability, sudo rights and tools of NAMES (default: every device)."""
+    from jbench.backends.llamacpp.backend import LlamaCppConfig
     from jbench.config import available_choices, user_config_dirs
     from jbench.device.connection import DeviceError
     from jbench.device.connect import connect
@@ -82,9 +86,11 @@ def devices_check(names, config_dirs) -> None:
     failed = False
     for name in names:
         device, _, backend = _device_config(name, config_dirs)
+        # A remote device's llama-bench is checked where the config names its build (backend.binary_dir).
+        remote_build = backend.binary_dir if isinstance(backend, LlamaCppConfig) and device.kind != "local" else None
         try:
             with connect(device) as conn:
-                checks = check_device(conn, device, backend.get("binary_dir") if device["kind"] != "local" else None)
+                checks = check_device(conn, device, remote_build)
         except DeviceError as exc:
             from jbench.device.doctor import Check
 
@@ -110,11 +116,12 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
     from jbench.device.power import PowerStrategy
 
     device, profile, _ = _device_config(name, config_dirs)
-    if not device.get("profile"):
+    if not device.profile:
         raise _fail(f"device '{name}' has no Jetson profile (device.profile): jbench never changes its power state")
     try:
         with connect(device) as conn:
-            lease = DeviceLease(conn, device, "restore", stale_s=float(device.get("lease_stale_s") or 120.0))
+            # DeviceLease (device/lease.py) reads the plain device section.
+            lease = DeviceLease(conn, asdict(device), "restore", stale_s=float(device.lease_stale_s))
             lease.acquire(wait_s)
             try:
                 power = PowerStrategy(conn, device, profile=profile)
@@ -149,7 +156,7 @@ def doctor(device_name: str, config_dirs) -> None:
             checks = run_doctor(conn, device, profile)
     except DeviceError as exc:
         raise _fail(str(exc)) from None
-    console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile['module']})" if profile else ""), checks))
+    console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile.module})" if profile else ""), checks))
     if worst(checks) == "fail":
         raise click.exceptions.Exit(ExitCode.FAILED)
 
@@ -201,5 +208,5 @@ def calibrate(device_name, probe, size_mb, threads, runs, config_dirs) -> None:
     except DeviceError as exc:
         raise _fail(str(exc)) from None
     if profile and done:
-        console.print(f"  datasheet: {profile['memory_bandwidth_gbs']:g} GB/s ({profile['name']})", markup=False,
+        console.print(f"  datasheet: {profile.memory_bandwidth_gbs:g} GB/s ({profile.name})", markup=False,
                       highlight=False)

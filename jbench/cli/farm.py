@@ -12,6 +12,7 @@ import click
 from rich.table import Table
 
 from jbench.core.exitcodes import ExitCode
+from jbench.core.schema import DeviceConfig, FarmConfig, typed
 from jbench.cli.app import _config_dir_option, _fail, common_options, console, main
 
 _coordinator_option = click.option(
@@ -21,7 +22,7 @@ _tag_option = click.option("-t", "--tag", "tags", multiple=True, metavar="KEY=VA
                            help="Select places with this tag (repeatable): module, sku, l4t, carrier, class, ...")
 
 
-def _farm_config(config_dirs) -> dict:
+def _farm_config(config_dirs) -> FarmConfig:
     from omegaconf import OmegaConf
 
     from jbench.config import ConfigError, compose, user_config_dirs
@@ -30,11 +31,12 @@ def _farm_config(config_dirs) -> dict:
         cfg, _ = compose([], user_config_dirs(list(config_dirs)))
     except ConfigError as exc:
         raise _fail(str(exc)) from None
-    return OmegaConf.to_container(cfg.farm, resolve=True)
+    return typed(FarmConfig, OmegaConf.to_container(cfg.farm, resolve=True), where="farm")
 
 
-def _address(coordinator: Optional[str], farm: dict) -> str:
-    address = coordinator or farm.get("coordinator")
+def _address(coordinator: Optional[str], farm: Optional[FarmConfig]) -> str:
+    """--coordinator ($LG_COORDINATOR), else farm.coordinator (farm None: the option was given)."""
+    address = coordinator or (farm.coordinator if farm else None)
     if not address:
         raise _fail("no labgrid coordinator given: pass --coordinator HOST:PORT, set $LG_COORDINATOR, or set "
                     "farm.coordinator in your config (docs/farm.md: start one with `labgrid-coordinator`)")
@@ -92,7 +94,7 @@ def farm_list(coordinator, tags, config_dirs) -> None:
     from jbench.farm.reservation import heartbeat_age
 
     selector = _selector(tags)
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         rows = list(iter_places(coord, selector))
     table = Table(title="farm places", title_justify="left")
     for col in ("place", "state", "device", *P.SELECT_TAGS, "holder", "heartbeat", "note"):
@@ -114,7 +116,7 @@ def farm_status(coordinator, config_dirs) -> None:
     """The places and the reservation queue (who waits, in which order, for what)."""
     from jbench.farm import places as P
 
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         places = coord.places()
         reservations = coord.reservations()
     counts: dict[str, int] = {}
@@ -149,7 +151,7 @@ def farm_add(place, device_entry, tags, coordinator, config_dirs) -> None:
     from jbench.farm import places as P
 
     selector = _selector(tags)
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         if place not in {p.name for p in coord.places()}:
             coord.add_place(place)
         coord.set_tags(place, {**selector, P.DEVICE: device_entry or place, P.HEALTH: P.HEALTHY})
@@ -181,21 +183,21 @@ def farm_reserve(tags, count, priority, timeout_s, sweep_id, no_health_check, he
     selector = _selector(tags)
     cfg = _farm_config(config_dirs)
     address = _address(coordinator, cfg)
-    held = lease(address, selector, count=count, priority=cfg["priority"] if priority is None else priority,
+    held = lease(address, selector, count=count, priority=cfg.priority if priority is None else priority,
                  sweep_id=sweep_id, config_dirs=config_dirs,
-                 heartbeat_s=cfg["heartbeat_s"] if heartbeat_s is None else heartbeat_s,
-                 stale_after_s=cfg["stale_after_s"] if stale_after_s is None else stale_after_s,
-                 reserve_timeout_s=cfg["reserve_timeout_s"] if timeout_s is None else timeout_s,
+                 heartbeat_s=cfg.heartbeat_s if heartbeat_s is None else heartbeat_s,
+                 stale_after_s=cfg.stale_after_s if stale_after_s is None else stale_after_s,
+                 reserve_timeout_s=cfg.reserve_timeout_s if timeout_s is None else timeout_s,
                  health_check=not no_health_check, on_wait=lambda msg: click.echo(msg, err=True))
     try:
         with held:
-            for place, device in zip(held.places, held.devices):
-                click.echo(f"reserved {place}: device {device.get('name')} "
-                           f"({device.get('host') or 'this machine'})")
+            devices = [typed(DeviceConfig, d, where="device") for d in held.devices]
+            for place, device in zip(held.places, devices):
+                click.echo(f"reserved {place}: device {device.name} ({device.host or 'this machine'})")
             sys.stdout.flush()
             if command:
                 env = {**os.environ, "JBENCH_FARM_PLACES": ",".join(held.places), "LG_PLACE": held.places[0],
-                       "JBENCH_FARM_DEVICES": ",".join(str(d.get("name")) for d in held.devices)}
+                       "JBENCH_FARM_DEVICES": ",".join(d.name for d in devices)}
                 rc = subprocess.call(list(command), env=env)
                 raise click.exceptions.Exit(rc)
             click.echo("holding; Ctrl-C releases", err=True)
@@ -218,7 +220,7 @@ def farm_release(place, kick, coordinator, config_dirs) -> None:
     """Release PLACE (yours; another holder's only with --kick)."""
     from jbench.farm import places as P
 
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         p = coord.place(place)
         if not p.acquired:
             console.print(f"place {place} is not held", highlight=False)
@@ -246,7 +248,7 @@ def farm_quarantine(place, reason, coordinator, config_dirs) -> None:
     """Take PLACE out of selection (tagged with the reason) until `jbench farm unquarantine`."""
     from jbench.farm.health import quarantine
 
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         coord.place(place)
         quarantine(coord, place, reason)
     console.print(f"place {place} quarantined: {reason}", highlight=False)
@@ -261,7 +263,7 @@ def farm_unquarantine(place, coordinator, config_dirs) -> None:
     """Return PLACE to selection."""
     from jbench.farm.health import unquarantine
 
-    with _Session(_address(coordinator, _farm_config(config_dirs) if not coordinator else {})) as coord:
+    with _Session(_address(coordinator, None if coordinator else _farm_config(config_dirs))) as coord:
         coord.place(place)
         unquarantine(coord, place)
     console.print(f"place {place} is back in selection", highlight=False)
@@ -279,7 +281,7 @@ def farm_reap(stale_after_s, coordinator, config_dirs) -> None:
 
     cfg = _farm_config(config_dirs)
     with _Session(_address(coordinator, cfg)) as coord:
-        freed = reap(coord, cfg["stale_after_s"] if stale_after_s is None else stale_after_s)
+        freed = reap(coord, cfg.stale_after_s if stale_after_s is None else stale_after_s)
     for place, owner in freed:
         console.print(f"freed {place} (held by {owner})", highlight=False)
     if not freed:

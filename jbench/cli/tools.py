@@ -77,11 +77,12 @@ def _device_bandwidth(device_name: str, dirs) -> tuple[float, str]:
     from omegaconf import OmegaConf
 
     from jbench.config import compose, load_profile
+    from jbench.core.schema import DeviceConfig, ProfileConfig, typed
     from jbench.device.bandwidth import device_bandwidth
 
     cfg, _ = compose([f"device={device_name}"], dirs)
-    device = OmegaConf.to_container(cfg.device, resolve=True)
-    profile = load_profile(device["profile"], dirs) if device.get("profile") else None
+    device = typed(DeviceConfig, OmegaConf.to_container(cfg.device, resolve=True), where="device")
+    profile = typed(ProfileConfig, load_profile(device.profile, dirs), where="profile") if device.profile else None
     bw = device_bandwidth(device, profile)
     if bw.gbs is None:
         raise ValueError(bw.source)

@@ -12,8 +12,11 @@ these classes from jbench.config, which composes them; jbench.core.identity hash
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import typing
 from dataclasses import MISSING, dataclass
-from typing import Any, Dict, List, Optional, Union
+from functools import lru_cache
+from typing import Any, Callable, Dict, List, Mapping, Optional, TypeVar, Union
 
 # Dataclass metadata key: True (identity), False (not), or a scenario name / tuple of scenario names
 # (identity only when the trial's backend.scenario is one of them).
@@ -91,6 +94,99 @@ def _nested_schema(f: dataclasses.Field) -> Optional[type]:
     if dataclasses.is_dataclass(value):
         return value if isinstance(value, type) else type(value)
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Typed views of plain config sections
+
+T = TypeVar("T")
+_Convert = Callable[[Any, str], Any]
+
+
+class SchemaError(ValueError):
+    """A plain config section that does not fit its schema: an unknown key, or a mandatory one missing."""
+
+
+def typed(schema: type[T], values: Union[Mapping[str, Any], T, None], *, where: str = "") -> T:
+    """The schema object of an already-composed plain config section, built without OmegaConf.
+
+    Nested dataclass fields are built the same way; lists and dicts are copied as plain containers. A key the
+    section lacks takes the field's default; an unknown key raises SchemaError naming it (`where` is the
+    section's dotted path in that message, e.g. "backend"). An instance of `schema` is returned as it is and
+    None gives the defaults, so a function can take either form at its boundary. Values are not converted:
+    composition has checked their types already, and the planner builds one view per trial, where
+    OmegaConf.to_object costs tens of milliseconds a section."""
+    if isinstance(values, schema):
+        return values
+    if values is None:
+        values = {}
+    elif not isinstance(values, Mapping):
+        raise TypeError(f"{where or schema.__name__}: expected a mapping or {schema.__name__}, "
+                        f"got {type(values).__name__}")
+    converters, required = _plan(schema)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        convert = converters.get(key)
+        dotted = f"{where}.{key}" if where else str(key)
+        if convert is None:
+            close = difflib.get_close_matches(str(key), list(converters), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise SchemaError(f"unknown config key '{dotted}' ({schema.__name__} has no such field{hint})")
+        kwargs[key] = convert(value, dotted)
+    missing = [name for name in required if name not in kwargs]
+    if missing:
+        names = ", ".join(f"{where}.{name}" if where else name for name in missing)
+        raise SchemaError(f"{names}: mandatory in {schema.__name__} and not set")
+    return schema(**kwargs)
+
+
+@lru_cache(maxsize=None)
+def _plan(schema: type) -> tuple[dict[str, _Convert], tuple[str, ...]]:
+    """(field name -> converter, fields without a default) of a schema, worked out once per schema."""
+    try:
+        hints = typing.get_type_hints(schema)
+    except Exception:  # a schema whose annotations cannot be resolved (defined inside a function)
+        hints = {}
+    converters: dict[str, _Convert] = {}
+    required = []
+    for f in dataclasses.fields(schema):
+        nested = _nested_schema(f)
+        converters[f.name] = _dataclass_converter(nested) if nested else _converter(hints.get(f.name, Any))
+        if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
+            required.append(f.name)
+    return converters, tuple(required)
+
+
+def _converter(annotation: Any) -> _Convert:
+    """How a value of this annotation is taken from a plain section: dataclasses built, containers copied."""
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return _dataclass_converter(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Union:
+        nested = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
+        return _dataclass_converter(nested[0]) if len(nested) == 1 else _plain
+    if origin is list and args:
+        item = _converter(args[0])
+        return lambda value, where: ([item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+                                     if isinstance(value, list) else value)
+    if origin is dict and len(args) == 2:
+        item = _converter(args[1])
+        return lambda value, where: ({k: item(v, f"{where}.{k}") for k, v in value.items()}
+                                     if isinstance(value, Mapping) else value)
+    return _plain
+
+
+def _dataclass_converter(schema: type) -> _Convert:
+    return lambda value, where: typed(schema, value, where=where) if isinstance(value, Mapping) else value
+
+
+def _plain(value: Any, _where: str = "") -> Any:
+    """Lists and dicts copied (a view never shares a container with the plain config it came from)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,3 +475,11 @@ class JBenchConfig:
     experiment: ExperimentConfig = nonident(default_factory=ExperimentConfig)
     sweep: SweepConfig = nonident(default_factory=SweepConfig)
     farm: FarmConfig = nonident(default_factory=FarmConfig)
+
+
+# Sections as the functions the planner and the run layer call take them: the schema object, or the plain
+# section of a trial's config (converted with typed() at the top of the function).
+DeviceSection = Union[DeviceConfig, Mapping[str, Any]]
+ProfileSection = Union[ProfileConfig, Mapping[str, Any], None]
+ModelSection = Union[ModelConfig, Mapping[str, Any]]
+WallPowerSection = Union[WallPowerConfig, Mapping[str, Any], None]

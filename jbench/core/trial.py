@@ -1,11 +1,19 @@
-"""A Trial: one planned cell of a sweep (its config, where it came from, its identity hash and round).
+"""A Trial: one planned cell of a sweep (its config, where it came from, its identity hash and round), and
+its config as schema objects (TrialConfig).
 
 The identity itself (which config fields count) is declared on the schemas and computed in jbench.identity."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import typing
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping, Optional
+
+from jbench.core import registry
+from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, FarmConfig, ModelConfig, PowerConfig,
+                                ProfileConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig,
+                                WallPowerConfig, typed)
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -18,6 +26,60 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[dotted] = value
     return out
+
+
+@dataclass
+class TrialConfig:
+    """A trial's resolved config as schema objects: attribute access, so a renamed key fails where it is read.
+
+    `backend` is the backend's own CONFIG dataclass (LlamaCppConfig, ...), found by backend.name in the
+    registry. A section the plain config lacks holds its schema's defaults (the planner keeps `sweep` in the
+    Plan); `profile` is None for a device without a module profile."""
+
+    device: DeviceConfig
+    backend: Any
+    model: ModelConfig
+    power: PowerConfig = field(default_factory=PowerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    wall_power: WallPowerConfig = field(default_factory=WallPowerConfig)
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    farm: FarmConfig = field(default_factory=FarmConfig)
+    profile: Optional[ProfileConfig] = None
+
+    @property
+    def wants_power_control(self) -> bool:
+        return wants_power_control(self.power.mode, self.power.jetson_clocks, self.power.fan)
+
+
+def backend_schema(name: str) -> type:
+    """The CONFIG dataclass of the backend registered under name (KeyError names the valid ones)."""
+    return registry.load(registry.BACKENDS, name).CONFIG
+
+
+def backend_config(section: Any) -> Any:
+    """A backend section as its backend's CONFIG: a plain section is built by the schema its `name` picks; a
+    schema object is returned as it is."""
+    if not isinstance(section, Mapping):
+        return section
+    return typed(backend_schema(section["name"]), section, where="backend")
+
+
+# Sections of a plain trial config and their schemas (the backend's is looked up by its name); keys that are
+# no section (the planner's `quality`, ...) are not part of the typed view.
+_SECTIONS: dict[str, type] = {name: schema for name, schema in typing.get_type_hints(TrialConfig).items()
+                              if name not in ("backend", "profile")}
+
+
+def trial_config(config: Mapping[str, Any]) -> TrialConfig:
+    """The schema objects of a trial's plain, resolved config (typed() per section; no OmegaConf)."""
+    sections = {name: typed(schema, config.get(name), where=name) for name, schema in _SECTIONS.items()}
+    profile = config.get("profile")
+    return TrialConfig(backend=backend_config(config["backend"]),
+                       profile=typed(ProfileConfig, profile, where="profile") if profile else None, **sections)
 
 
 @dataclass(frozen=True)
@@ -47,8 +109,10 @@ class Trial:
         text = short_label(self.point) or f"{self.config['model']['name']} {self.config['model']['quant']}"
         return f"{text} r{self.round}/{self.rounds}" if self.rounds > 1 else text
 
-    def section(self, name: str) -> dict:
-        return self.config[name]
+    @cached_property
+    def cfg(self) -> TrialConfig:
+        """The config as schema objects, built once per trial (the frozen dataclass keeps its config as it is)."""
+        return trial_config(self.config)
 
     @property
     def wants_power_control(self) -> bool:

@@ -22,9 +22,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from jbench.core import paths
+from jbench.core.schema import DeviceConfig, DeviceSection, ProfileConfig, ProfileSection, typed
+from jbench.core.trial import backend_config
 from jbench.device import ondevice
 from jbench.device.connection import Connection
 
@@ -128,16 +130,32 @@ class Bandwidth:
 # Which probe and which power state
 
 
-def compute_path(backend: dict, reported_backends: Optional[str]) -> str:
-    """GPU when the backend ran on a GPU (its own report names CUDA and it offloads layers), else CPU."""
-    if backend.get("name") == "trtllm":
+@runtime_checkable
+class OffloadsLayers(Protocol):
+    """A backend config that says how many layers go to the GPU (llama.cpp's; 0 keeps them on the CPU)."""
+
+    n_gpu_layers: int
+
+
+@runtime_checkable
+class SetsThreads(Protocol):
+    """A backend config with a CPU thread count (None: the tool's own default, all cores)."""
+
+    threads: Optional[int]
+
+
+def compute_path(backend: Any, reported_backends: Optional[str]) -> str:
+    """GPU when the backend ran on a GPU (its own report names CUDA and it offloads layers), else CPU.
+    backend: the trial's backend CONFIG object."""
+    if backend.name == "trtllm":
         return GPU
     gpu_build = bool(reported_backends) and bool(re.search(r"cuda|gpu", reported_backends, re.I))
-    offloads = int(backend.get("n_gpu_layers", 99) or 0) != 0
+    # A config without a layer count keeps whatever its tool does: the tool's own report decides.
+    offloads = not isinstance(backend, OffloadsLayers) or backend.n_gpu_layers != 0
     return GPU if gpu_build and offloads else CPU
 
 
-def power_state(conn: Connection, device: dict, profile: Optional[dict]) -> str:
+def power_state(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig]) -> str:
     """The clocks state a calibration holds for: nvpmodel mode and jetson_clocks on a Jetson (a device with a
     profile), the CPU frequency governor elsewhere ('governor=none' where the kernel exposes none)."""
     if profile:
@@ -269,7 +287,7 @@ def measure_gpu(conn: Connection, *, size_mb: int = DEFAULT_SIZE_MB[GPU], runs: 
     return [float(x) for x in out["read_gbs"]], [float(x) for x in out["copy_gbs"]], method, details
 
 
-def calibrate(conn: Connection, device: dict, profile: Optional[dict], *, probe: str = CPU,
+def calibrate(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], *, probe: str = CPU,
               size_mb: Optional[int] = None, threads: Optional[int] = None, runs: int = DEFAULT_RUNS) -> Calibration:
     """Measure the device's read bandwidth with one probe, in its current power state."""
     if runs < 3:
@@ -285,7 +303,7 @@ def calibrate(conn: Connection, device: dict, profile: Optional[dict], *, probe:
         size_mb = details["buffer_bytes"] >> 20
     if not rates or min(rates) <= 0:
         raise CalibrationError(f"the {probe} probe on '{conn.name}' reported no positive rate: {rates}")
-    return Calibration(device=device.get("name", conn.name), probe=probe, power_state=state, method=method,
+    return Calibration(device=device.name, probe=probe, power_state=state, method=method,
                        runs=rates, size_mb=size_mb, threads=used_threads, copy_runs=copy, details=details,
                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -349,40 +367,44 @@ NO_BANDWIDTH = ("no device bandwidth: run `jbench calibrate DEVICE`, set device.
                 "a profile (datasheet figure)")
 
 
-def _fallback(device: dict, profile: Optional[dict], why: str) -> Bandwidth:
-    if profile and profile.get("memory_bandwidth_gbs"):
-        return Bandwidth(float(profile["memory_bandwidth_gbs"]),
-                         f"datasheet ({profile['name']}; {why}): an upper bound, not a measurement")
+def _fallback(profile: Optional[ProfileConfig], why: str) -> Bandwidth:
+    if profile and profile.memory_bandwidth_gbs:
+        return Bandwidth(float(profile.memory_bandwidth_gbs),
+                         f"datasheet ({profile.name}; {why}): an upper bound, not a measurement")
     return Bandwidth(None, f"{NO_BANDWIDTH} ({why})")
 
 
-def device_bandwidth(device: dict, profile: Optional[dict]) -> Bandwidth:
+def device_bandwidth(device: DeviceConfig, profile: Optional[ProfileConfig]) -> Bandwidth:
     """Without a connection (offline tools): the user's figure, the latest calibration, the datasheet."""
-    if device.get("bandwidth_gbs"):
-        return Bandwidth(float(device["bandwidth_gbs"]), "device.bandwidth_gbs")
-    cal = latest_calibration(device.get("name", "local"))
+    if device.bandwidth_gbs:
+        return Bandwidth(float(device.bandwidth_gbs), "device.bandwidth_gbs")
+    cal = latest_calibration(device.name)
     if cal is not None:
         return Bandwidth(cal.ceiling_gbs, f"jbench calibrate ({cal.probe} probe, {cal.power_state}, {cal.measured_at})", cal)
-    return _fallback(device, profile, "no calibration")
+    return _fallback(profile, "no calibration")
 
 
-def trial_bandwidth(conn: Connection, device: dict, profile: Optional[dict], backend: dict,
+def trial_bandwidth(conn: Connection, device: DeviceSection, profile: ProfileSection, backend: Any,
                     reported_backends: Optional[str], *, auto_calibrate: bool = True) -> Bandwidth:
-    """The read bandwidth of the trial's compute path in the device's current power state."""
-    if device.get("bandwidth_gbs"):
-        return Bandwidth(float(device["bandwidth_gbs"]), "device.bandwidth_gbs")
+    """The read bandwidth of the trial's compute path in the device's current power state. backend: the trial's
+    backend CONFIG object, or its plain section (as the run layer passes every section)."""
+    device = typed(DeviceConfig, device, where="device")
+    profile = typed(ProfileConfig, profile, where="profile") if profile else None
+    backend = backend_config(backend)
+    if device.bandwidth_gbs:
+        return Bandwidth(float(device.bandwidth_gbs), "device.bandwidth_gbs")
     probe = compute_path(backend, reported_backends)
-    threads = backend.get("threads") if probe == CPU else None
-    name = device.get("name", conn.name)
+    threads = backend.threads if probe == CPU and isinstance(backend, SetsThreads) else None
+    name = device.name
     state = power_state(conn, device, profile)
     cal = load_calibration(name, probe, state, threads)
     if cal is not None:
         return Bandwidth(cal.ceiling_gbs, "jbench calibrate", cal)
     if not auto_calibrate:
-        return _fallback(device, profile, f"no {probe} calibration for {state}; device.auto_calibrate is off")
+        return _fallback(profile, f"no {probe} calibration for {state}; device.auto_calibrate is off")
     try:
         cal = calibrate(conn, device, profile, probe=probe, threads=threads)
     except CalibrationError as exc:
-        return _fallback(device, profile, f"auto-calibration failed: {exc}")
+        return _fallback(profile, f"auto-calibration failed: {exc}")
     save_calibration(cal, threads_key=threads)
     return Bandwidth(cal.ceiling_gbs, "measured during the sweep (auto-calibration)", cal)

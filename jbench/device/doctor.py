@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from jbench.core.schema import DeviceConfig, ProfileConfig
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.fingerprint import parse_sections
 from jbench.device.jetson import JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
@@ -22,14 +23,14 @@ class Check:
     fix: str = ""
 
 
-def check_device(conn: Connection, device: dict, binary_dir: Optional[str] = None) -> list[Check]:
+def check_device(conn: Connection, device: DeviceConfig, binary_dir: Optional[str] = None) -> list[Check]:
     """Reachability, sudo rights and tools: what jbench needs to drive the device."""
     checks = []
     started = time.monotonic()
     res = conn.run(["true"], timeout=30)
     rtt = (time.monotonic() - started) * 1000
     checks.append(Check("reachable", "pass" if res.ok else "fail", f"command round trip {rtt:.0f} ms"))
-    jetson = bool(device.get("profile"))
+    jetson = bool(device.profile)
     tools = ["nvpmodel", "jetson_clocks", "tegrastats"] if jetson else []
     if tools:
         probe = conn.run(["sh", "-c", 'for t in "$@"; do printf "%s=" "$t"; command -v "$t" || echo; done', "sh", *tools], timeout=30)
@@ -43,7 +44,7 @@ def check_device(conn: Connection, device: dict, binary_dir: Optional[str] = Non
             checks.append(Check("sudo rights", "pass", "sudo nvpmodel -q works"))
         else:
             checks.append(Check("sudo rights", "fail", (sudo.stderr or sudo.stdout).strip()[:200],
-                                SUDOERS_HINT.format(user=device.get("user") or "USER")))
+                                SUDOERS_HINT.format(user=device.user or "USER")))
     if binary_dir:
         bench = binary_dir.rstrip("/") + "/llama-bench"
         ok = conn.exists(bench)
@@ -64,16 +65,15 @@ echo '@@modes'; cat "$2" 2>/dev/null
 """
 
 
-def doctor(conn: Connection, device: dict, profile: Optional[dict]) -> list[Check]:
+def doctor(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig]) -> list[Check]:
     """The audit an engineer runs before LLM work on a Jetson (or any Linux device)."""
     checks: list[Check] = []
-    paths = device.get("paths") or {}
-    gpu_devfreq = (profile or {}).get("gpu_devfreq") or "/nonexistent"
-    res = conn.run(["sh", "-c", _DOCTOR_PROBE, "sh", gpu_devfreq, paths.get("nvpmodel_conf", "/etc/nvpmodel.conf")], timeout=60)
+    gpu_devfreq = (profile.gpu_devfreq if profile else None) or "/nonexistent"
+    res = conn.run(["sh", "-c", _DOCTOR_PROBE, "sh", gpu_devfreq, device.paths.nvpmodel_conf], timeout=60)
     s = parse_sections(res.stdout)
 
     if profile:
-        fp = jetson_fingerprint(conn, paths)
+        fp = jetson_fingerprint(conn, device.paths)
         checks += _versions(fp, profile)
     mem = {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB", s.get("meminfo", ""), re.M)}
     if "MemTotal" in mem:
@@ -103,7 +103,7 @@ def doctor(conn: Connection, device: dict, profile: Optional[dict]) -> list[Chec
             temps.append((parts[0], int(parts[1]) / 1000))
     if temps:
         name, hottest = max(temps, key=lambda t: t[1])
-        limit = (profile or {}).get("throttle_temp_c")
+        limit = profile.throttle_temp_c if profile else None
         status = "pass" if hottest < 70 else ("warn" if limit is None or hottest < limit else "fail")
         checks.append(Check("temperatures", status, f"hottest {name} {hottest:.1f} C at idle",
                             "" if status == "pass" else "improve cooling or let the device cool before benchmarking"))
@@ -117,12 +117,12 @@ def doctor(conn: Connection, device: dict, profile: Optional[dict]) -> list[Chec
     return checks
 
 
-def _versions(fp: dict, profile: dict) -> list[Check]:
+def _versions(fp: dict, profile: ProfileConfig) -> list[Check]:
     out = []
     module = fp.get("jetson.module")
-    matched = module and any(m.lower() in module.lower() for m in profile.get("model_match", []))
+    matched = module and any(m.lower() in module.lower() for m in profile.model_match)
     out.append(Check("module", "pass" if matched else "warn", module or "unknown (no device-tree model)",
-                     "" if matched else f"the device does not look like a {profile['module']}: check device.profile"))
+                     "" if matched else f"the device does not look like a {profile.module}: check device.profile"))
     l4t, jp = fp.get("jetson.l4t"), fp.get("jetson.jetpack")
     if not l4t:
         out.append(Check("L4T / JetPack", "fail", "no /etc/nv_tegra_release", "install JetPack (L4T) on the device"))

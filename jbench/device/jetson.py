@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Mapping, Optional, Union
 
+from jbench.core.schema import DevicePaths, typed
 from jbench.device.connection import Connection
 from jbench.device.fingerprint import parse_sections
 
@@ -198,10 +199,10 @@ echo '@@nvpmodel'; nvpmodel -q 2>/dev/null
 """
 
 
-def jetson_fingerprint(conn: Connection, paths: dict) -> dict[str, str]:
-    """jetson.* tags read on the device; a fact the device does not show is left out."""
-    serial_path = paths.get("serial_number") or "/sys/firmware/devicetree/base/serial-number"
-    res = conn.run(["sh", "-c", _PROBE, "sh", paths["device_tree_model"], paths["tegra_release"], serial_path],
+def jetson_fingerprint(conn: Connection, section: Union[DevicePaths, Mapping[str, Any]]) -> dict[str, str]:
+    """jetson.* tags read on the device (`section`: device.paths); a fact the device does not show is left out."""
+    paths = typed(DevicePaths, section, where="device.paths")
+    res = conn.run(["sh", "-c", _PROBE, "sh", paths.device_tree_model, paths.tegra_release, paths.serial_number],
                    timeout=30)
     s = parse_sections(res.stdout)
     tags: dict[str, str] = {}

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from jbench.core.schema import DeviceConfig, DeviceSection, ProfileConfig, ProfileSection, typed
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.jetson import (ClocksShow, JetsonError, mentions_reboot, parse_clocks_show, parse_nvpmodel_conf,
                                   parse_nvpmodel_query)
@@ -127,30 +128,32 @@ _QUERY = 'nvpmodel -q 2>&1; echo @@railgate; for f in "$@"; do [ -r "$f" ] && { 
 
 
 class PowerStrategy:
-    def __init__(self, conn: Connection, device: dict, log: Optional[logging.Logger] = None, *,
-                 sweep_id: Optional[str] = None, profile: Optional[dict] = None):
+    def __init__(self, conn: Connection, device: DeviceSection, log: Optional[logging.Logger] = None, *,
+                 sweep_id: Optional[str] = None, profile: ProfileSection = None):
         self.conn = conn
+        # The section as the caller gave it (the sweep reads its name from here); self.config is its schema object.
         self.device = device
+        self.config = typed(DeviceConfig, device, where="device")
+        self.profile = typed(ProfileConfig, profile, where="profile") if profile else None
         self.log = log or logging.getLogger("jbench.power")
         self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
-        self.profile = profile or {}
-        paths = device.get("paths") or {}
-        state_dir = paths.get("state_dir", "~/.cache/jbench").rstrip("/")
-        self.nvpmodel_conf = paths.get("nvpmodel_conf", "/etc/nvpmodel.conf")
-        self.nvpmodel_status = paths.get("nvpmodel_status", "/var/lib/nvpmodel/status")
-        self.boot_id_path = paths.get("boot_id", "/proc/sys/kernel/random/boot_id")
-        railgate = [paths.get("gpu_railgate") or "/sys/devices/platform/gpu.0/railgate_enable",
+        paths, name = self.config.paths, self.config.name
+        state_dir = paths.state_dir.rstrip("/")
+        self.nvpmodel_conf = paths.nvpmodel_conf
+        self.nvpmodel_status = paths.nvpmodel_status
+        self.boot_id_path = paths.boot_id
+        railgate = [paths.gpu_railgate or "/sys/devices/platform/gpu.0/railgate_enable",
                     "/sys/devices/gpu.0/railgate_enable"]
-        if self.profile.get("gpu_devfreq"):
-            railgate.append(self.profile["gpu_devfreq"].rstrip("/") + "/device/railgate_enable")
+        if self.profile and self.profile.gpu_devfreq:
+            railgate.append(self.profile.gpu_devfreq.rstrip("/") + "/device/railgate_enable")
         self.railgate_paths = list(dict.fromkeys(railgate))
-        self.state_file = f"{state_dir}/power-state-{device['name']}.json"
+        self.state_file = f"{state_dir}/power-state-{name}.json"
         # jetson_clocks --store refuses to overwrite a file (it asks Y/N and exits 1 on no answer), so each
         # controller run stores into files of its own, and restore() removes them.
         token = uuid.uuid4().hex[:12]
-        self.clocks_file = f"{state_dir}/jetson_clocks-{device['name']}-{token}.store"
+        self.clocks_file = f"{state_dir}/jetson_clocks-{name}-{token}.store"
         # The clocks of an unlocked state, stored right before jbench first locks them.
-        self.unlocked_file = f"{state_dir}/jetson_clocks-{device['name']}-{token}-unlocked.store"
+        self.unlocked_file = f"{state_dir}/jetson_clocks-{name}-{token}-unlocked.store"
         self._modes: Optional[dict[str, int]] = None
         self._state: Optional[dict] = None  # the state file as this controller last wrote or adopted it
         self.last: Optional[PowerSnapshot] = None  # the state verified by the last apply()
@@ -163,7 +166,7 @@ class PowerStrategy:
         if res.returncode != 0 and ("password is required" in res.stderr or "incorrect password" in res.stderr
                                     or "Sorry, try again" in res.stderr):
             raise PowerStateError(f"sudo refused `{argv[0]}` on '{self.conn.name}'. "
-                                  + SUDOERS_HINT.format(user=self.device.get("user") or "USER"))
+                                  + SUDOERS_HINT.format(user=self.config.user or "USER"))
         return res
 
     def check_sudo(self) -> None:
@@ -276,7 +279,7 @@ class PowerStrategy:
             raise PowerStateError(f"`jetson_clocks --store {store}` failed on '{self.conn.name}': "
                                   f"{(res.stderr.strip() + ' ' + res.stdout.strip()).strip()}")
         self._write_state_file({
-            "version": STATE_VERSION, "device": self.device["name"], "original": snap.as_dict(),
+            "version": STATE_VERSION, "device": self.config.name, "original": snap.as_dict(),
             "clocks_store": store,
             # A store of an unlocked state is what unlocks later (in any mode: the mode is re-applied after it).
             "unlocked_store": store if snap.locks.none else None,
@@ -471,9 +474,9 @@ class PowerStrategy:
 
     def finish_command(self, state: dict) -> str:
         """What a user runs to finish a restore jbench could not do without a reboot."""
-        name = self.device["name"]
+        name, user = self.config.name, self.config.user
         original = PowerSnapshot.from_dict(state["original"])
-        where = f"{self.device.get('user') + '@' if self.device.get('user') else ''}{self.device.get('host') or name}"
+        where = f"{user + '@' if user else ''}{self.config.host or name}"
         manual = (f"ssh {where} {shlex.quote(f'sudo nvpmodel -m {original.mode_id}')} (answer YES to reboot), then "
                   f"{shlex.quote('sudo jetson_clocks --restore ' + str(state.get('clocks_store')))}")
         return f"`jbench devices restore {name} --allow-reboot`, or by hand: {manual}"

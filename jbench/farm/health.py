@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from jbench.core.schema import DeviceConfig
 from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator, PlaceInfo
 
@@ -19,24 +20,21 @@ def _words(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def quick_check(device: dict, place: PlaceInfo) -> Optional[str]:
+def quick_check(device: DeviceConfig, place: PlaceInfo) -> Optional[str]:
     """None when the device is fit for a lease, else the reason (one line)."""
     from jbench.device.connect import connect
     from jbench.device.connection import DeviceError
     from jbench.device.doctor import check_device
     from jbench.device.jetson import jetson_fingerprint
-    from jbench.core.schema import DevicePaths
-    from dataclasses import asdict
 
     try:
         with connect(device) as conn:
             failed = [c for c in check_device(conn, device) if c.status == "fail"]
             if failed:
                 return "; ".join(f"{c.item}: {c.detail}" for c in failed)[:300]
-            if not device.get("profile"):
+            if not device.profile:
                 return None
-            paths = {**asdict(DevicePaths()), **(device.get("paths") or {})}
-            fp = jetson_fingerprint(conn, paths)
+            fp = jetson_fingerprint(conn, device.paths)
     except DeviceError as exc:
         return f"unreachable: {exc}"[:300]
     want_module = place.tags.get("module")

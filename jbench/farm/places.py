@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable
 
 from jbench.farm.coordinator import PlaceInfo
 
@@ -81,14 +81,3 @@ def resolve_device(entry: str, config_dirs: Iterable[str | Path] = ()) -> dict:
         raise FarmError(f"place's device entry '{entry}': {exc}. Give the place a `{DEVICE}` tag naming a "
                         f"device entry (device/NAME.yaml in your config dir, --config-dir)") from None
     return OmegaConf.to_container(cfg.device, resolve=True)
-
-
-def load_profile_for(device: dict, config_dirs: Iterable[str | Path] = ()) -> Optional[dict]:
-    from jbench.config import ConfigError, load_profile, user_config_dirs
-
-    if not device.get("profile"):
-        return None
-    try:
-        return load_profile(device["profile"], user_config_dirs([str(d) for d in config_dirs]))
-    except ConfigError as exc:
-        raise FarmError(str(exc)) from None

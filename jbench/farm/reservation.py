@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
+from jbench.core.schema import DeviceConfig, typed
 from jbench.farm import health as H
 from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator, CoordinatorError, PlaceInfo, ReservationInfo, iter_places
@@ -162,7 +163,7 @@ class FarmLease:
         except P.FarmError as exc:
             return self._reject(name, res.token, str(exc))
         if self.health_check:
-            reason = H.quick_check(device, place)
+            reason = H.quick_check(typed(DeviceConfig, device, where="device"), place)
             if reason:
                 return self._reject(name, res.token, f"health check: {reason}")
         self.devices.append(device)
@@ -213,7 +214,7 @@ class FarmLease:
     def record_trial(self, device_name: str, *, device_failure: bool, quarantine_after: int = 3) -> bool:
         """A trial on a leased device ended; True when the device got quarantined (stop using it)."""
         for name, device in zip(self._healthy_places(), self.devices):
-            if device.get("name") == device_name:
+            if typed(DeviceConfig, device, where="device").name == device_name:
                 return H.record_trial(self.coord, name, device_failure=device_failure,
                                       quarantine_after=quarantine_after)
         raise P.FarmError(f"device '{device_name}' is not part of this lease")

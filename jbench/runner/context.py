@@ -7,60 +7,13 @@ import contextlib
 import io
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Optional
 
-from jbench.backends.base import Backend, backend_class
-from jbench.core.schema import (
-    DeviceConfig,
-    EnergyConfig,
-    ModelConfig,
-    PowerConfig,
-    ProfileConfig,
-    TelemetryConfig,
-    ThermalConfig,
-)
+from jbench.backends.base import Backend
 from jbench.device.connection import Connection
 from jbench.core.results import BackendResult, Result
-from jbench.core.trial import Trial, wants_power_control
+from jbench.core.trial import Trial, TrialConfig
 from jbench.runner.session import DeviceSession
-
-
-@dataclass
-class TrialConfig:
-    """A trial's resolved config as schema objects (attribute access, types checked by OmegaConf)."""
-
-    device: DeviceConfig
-    backend: Any  # the backend's own CONFIG dataclass (LlamaCppConfig, ...)
-    model: ModelConfig
-    power: PowerConfig
-    telemetry: TelemetryConfig
-    energy: EnergyConfig
-    thermal: ThermalConfig
-    profile: Optional[ProfileConfig] = None
-
-    @property
-    def wants_power_control(self) -> bool:
-        return wants_power_control(self.power.mode, self.power.jetson_clocks, self.power.fan)
-
-
-def _typed(schema: type, values: Optional[dict]) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values or {}))
-
-
-def typed_config(config: dict) -> TrialConfig:
-    """The schema objects of a trial's plain config (OmegaConf.to_object on each section's schema)."""
-    return TrialConfig(
-        device=_typed(DeviceConfig, config["device"]),
-        backend=_typed(backend_class(config["backend"]["name"]).CONFIG, config["backend"]),
-        model=_typed(ModelConfig, config["model"]),
-        power=_typed(PowerConfig, config.get("power")),
-        telemetry=_typed(TelemetryConfig, config.get("telemetry")),
-        energy=_typed(EnergyConfig, config.get("energy")),
-        thermal=_typed(ThermalConfig, config.get("thermal")),
-        profile=_typed(ProfileConfig, config["profile"]) if config.get("profile") else None,
-    )
 
 
 class TrialLog:

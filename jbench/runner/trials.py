@@ -25,7 +25,7 @@ from jbench.core.trial import Trial
 from jbench.device.connection import ConnectionLost, DeviceError
 from jbench.device.power import PowerStateError
 from jbench.models.store import ModelError, resolve_model_file
-from jbench.runner.context import TrialContext, TrialLog, typed_config
+from jbench.runner.context import TrialContext, TrialLog
 from jbench.runner.recorder import Recorder, RunHandle
 from jbench.runner.scheduler import Stopped
 from jbench.runner.session import DeviceSession
@@ -233,7 +233,7 @@ class TrialRunner:
         started = time.monotonic()
         tlog.logger.info("trial %d: %s (config %s)%s", trial.index, trial.label, trial.config_hash,
                          f" on {session.name}" if run_as is not trial else "")
-        cfg = typed_config(run_as.config)
+        cfg = run_as.cfg
         artifacts = {"config.yaml": yaml.safe_dump(run_as.config, sort_keys=False)}
         quiet = self.recorder.quiet if session.connection.is_local else None
         while True:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import shlex
 import string
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from jbench.backends.engine.trace import (LogPatterns, ParsedTrace, PhaseLine, TraceError, analyze_trace_text, json_event,
                                          parse_trace)
@@ -30,7 +30,8 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.device.telemetry.samplers import split_stamp, stamped
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.core.results import BackendResult, PhaseResult
-from jbench.core.trial import Trial, context_tokens
+from jbench.core.schema import SchemaError, typed
+from jbench.core.trial import Trial
 from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
 
 # --------------------------------------------------------------------------------------------
@@ -43,10 +44,6 @@ SCALAR_PLACEHOLDERS = ("binary", "model", "quant", "prompt_tokens", "gen_tokens"
                        "repetitions")
 LIST_PLACEHOLDERS = ("extra", "trace")
 OUTPUT_FORMATS = ("auto", "log", "jsonl")
-
-# placeholder -> backend key whose non-default value the engine only sees through that placeholder.
-_KNOBS = {"prompt_tokens": "n_prompt", "gen_tokens": "n_gen", "depth": "depth", "context": "context",
-          "kv_type": "kv_type"}
 
 
 @dataclass
@@ -266,7 +263,13 @@ def phase_end_times(run: EngineRun) -> dict[str, Optional[float]]:
 # The backend
 
 
-class EngineBackend(Backend):
+def _knobs(cfg: EngineConfig) -> list[tuple[str, str, Any]]:
+    """(placeholder, backend key, value) of the knobs the engine only sees through their placeholder."""
+    return [("prompt_tokens", "n_prompt", cfg.n_prompt), ("gen_tokens", "n_gen", cfg.n_gen),
+            ("depth", "depth", cfg.depth), ("context", "context", cfg.context), ("kv_type", "kv_type", cfg.kv_type)]
+
+
+class EngineBackend(Backend[EngineConfig]):
     NAME = "engine"
     CONFIG = EngineConfig
     # KV types come from backend.kv_types (per engine); context depth only when the command passes {depth}.
@@ -280,11 +283,11 @@ class EngineBackend(Backend):
 
     def _available(self, trial: Trial) -> tuple[dict[str, Optional[str]], dict[str, Any]]:
         """(placeholder -> None or why it has no value, placeholder -> value)."""
-        cfg, model = trial.section("backend"), trial.section("model")
+        cfg, model = self.config_of(trial), trial.cfg.model
         reasons: dict[str, Optional[str]] = {}
         values: dict[str, Any] = {}
-        if cfg.get("binary"):
-            values["binary"], reasons["binary"] = cfg["binary"], None
+        if cfg.binary:
+            values["binary"], reasons["binary"] = cfg.binary, None
         else:
             reasons["binary"] = "backend.binary is not set (the engine executable on the device)"
         try:
@@ -292,16 +295,15 @@ class EngineBackend(Backend):
             reasons["model"] = None
         except ModelError as exc:
             reasons["model"] = str(exc)
-        values["quant"], reasons["quant"] = model.get("quant"), None
-        for name, key in (("prompt_tokens", "n_prompt"), ("gen_tokens", "n_gen"), ("depth", "depth"),
-                          ("context", "context"), ("kv_type", "kv_type"), ("repetitions", "repetitions")):
-            if cfg.get(key) is None:
+        values["quant"], reasons["quant"] = model.quant, None
+        for name, key, value in [*_knobs(cfg), ("repetitions", "repetitions", cfg.repetitions)]:
+            if value is None:
                 reasons[name] = f"backend.{key} is null"
             else:
-                values[name], reasons[name] = cfg[key], None
+                values[name], reasons[name] = value, None
         for name in LIST_PLACEHOLDERS:
             reasons[name] = None
-        for name, value in (cfg.get("vars") or {}).items():
+        for name, value in cfg.vars.items():
             if name in reasons:
                 continue  # reported by validate
             if value is None:
@@ -313,54 +315,52 @@ class EngineBackend(Backend):
     # ---- validate / preflight
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg = trial.section("backend")
+        cfg = self.config_of(trial)
         problems: list[str] = []
         problems += size_problems(cfg)
-        if cfg["context"] < 1:
-            problems.append(f"backend.context must be >= 1 (got {cfg['context']})")
-        elif min(cfg["n_prompt"], cfg["n_gen"], cfg["depth"]) >= 0:
-            need = context_tokens(cfg)
-            if need > cfg["context"]:
-                problems.append(f"backend.context={cfg['context']} cannot hold depth + n_prompt + n_gen = {need}: "
+        if cfg.context < 1:
+            problems.append(f"backend.context must be >= 1 (got {cfg.context})")
+        elif min(cfg.n_prompt, cfg.n_gen, cfg.depth) >= 0:
+            need = cfg.depth + cfg.n_prompt + cfg.n_gen
+            if need > cfg.context:
+                problems.append(f"backend.context={cfg.context} cannot hold depth + n_prompt + n_gen = {need}: "
                                 f"raise backend.context")
-        if cfg["timeout_s"] <= 0:
-            problems.append(f"backend.timeout_s must be > 0 (got {cfg['timeout_s']})")
-        if cfg["output"] not in OUTPUT_FORMATS:
-            problems.append(f"backend.output '{cfg['output']}' is not valid. Valid: {', '.join(OUTPUT_FORMATS)}")
-        if cfg["kv_types"] and cfg["kv_type"] not in cfg["kv_types"]:
-            problems.append(f"backend.kv_type '{cfg['kv_type']}' is not a KV type this engine accepts. "
-                            f"Valid (backend.kv_types): {', '.join(cfg['kv_types'])}")
+        if cfg.timeout_s <= 0:
+            problems.append(f"backend.timeout_s must be > 0 (got {cfg.timeout_s})")
+        if cfg.output not in OUTPUT_FORMATS:
+            problems.append(f"backend.output '{cfg.output}' is not valid. Valid: {', '.join(OUTPUT_FORMATS)}")
+        if cfg.kv_types and cfg.kv_type not in cfg.kv_types:
+            problems.append(f"backend.kv_type '{cfg.kv_type}' is not a KV type this engine accepts. "
+                            f"Valid (backend.kv_types): {', '.join(cfg.kv_types)}")
         try:
-            _patterns(cfg)
+            _patterns(cfg.patterns)
         except TraceError as exc:
             problems.append(f"backend.patterns: {exc}")
-        for name in cfg.get("vars") or {}:
+        for name in cfg.vars:
             if name in SCALAR_PLACEHOLDERS or name in LIST_PLACEHOLDERS:
                 problems.append(f"backend.vars.{name}: '{name}' is a built-in placeholder; pick another name")
             elif not str(name).isidentifier():
                 problems.append(f"backend.vars.{name}: a placeholder name must be an identifier (letters, digits, _)")
-        for key in cfg.get("trace_hints") or {}:
+        for key in cfg.trace_hints:
             if key not in ("d_model", "q_dim", "kv_dim", "n_ff"):
                 problems.append(f"backend.trace_hints.{key} is not a hint. Valid: d_model, q_dim, kv_dim, n_ff")
-        if cfg["bandwidth_gbs"] is not None and cfg["bandwidth_gbs"] <= 0:
-            problems.append(f"backend.bandwidth_gbs must be > 0 (got {cfg['bandwidth_gbs']})")
+        if cfg.bandwidth_gbs is not None and cfg.bandwidth_gbs <= 0:
+            problems.append(f"backend.bandwidth_gbs must be > 0 (got {cfg.bandwidth_gbs})")
         reasons, _ = self._available(trial)
-        template = [str(x) for x in cfg["command"]]
+        template = [str(x) for x in cfg.command]
         problems += check_template(template, reasons)
         used = used_placeholders(template)
-        defaults = EngineConfig()
-        for name, key in _KNOBS.items():
-            if name not in used and cfg[key] != getattr(defaults, key):
-                problems.append(f"backend.{key}={cfg[key]} but backend.command has no {{{name}}}: the engine would "
-                                f"never see it; add {{{name}}} to the command or leave backend.{key} at "
-                                f"{getattr(defaults, key)}")
-        if cfg["trace"] and cfg["trace_args"] and "trace" not in used:
+        for (name, key, value), (_, _, default) in zip(_knobs(cfg), _knobs(EngineConfig())):
+            if name not in used and value != default:
+                problems.append(f"backend.{key}={value} but backend.command has no {{{name}}}: the engine would "
+                                f"never see it; add {{{name}}} to the command or leave backend.{key} at {default}")
+        if cfg.trace and cfg.trace_args and "trace" not in used:
             problems.append("backend.trace is true but backend.command has no \"{trace}\" item, so the engine is "
-                            f"never given backend.trace_args {list(cfg['trace_args'])}")
+                            f"never given backend.trace_args {list(cfg.trace_args)}")
         return problems
 
     def preflight(self, conn: Connection) -> list[str]:
-        binary = self.config.get("binary")
+        binary = self.config.binary
         if not binary:
             return []  # validate() already names backend.binary when the command uses it
         if "/" in binary:
@@ -377,7 +377,7 @@ class EngineBackend(Backend):
         """SHA-256 of the engine binary on the device (hashed once per file version, jbench.identity)."""
         from jbench.models.digest import file_digest
 
-        binary = self.config.get("binary")
+        binary = self.config.binary
         if not binary:
             return None
         path = conn.expand_path(binary) if "/" in binary else conn.run(
@@ -390,9 +390,9 @@ class EngineBackend(Backend):
     def command(self, trial: Trial, model_path: Optional[str] = None, *, n_prompt: Optional[int] = None,
                 n_gen: Optional[int] = None, repetitions: Optional[int] = None) -> list[str]:
         """The engine's argv for this trial (the values may be overridden for an energy pass)."""
-        cfg = trial.section("backend")
+        cfg = self.config_of(trial)
         reasons, values = self._available(trial)
-        problems = check_template([str(x) for x in cfg["command"]], reasons)
+        problems = check_template([str(x) for x in cfg.command], reasons)
         if problems:
             raise BackendError("backend_crash", "; ".join(problems))
         if model_path is not None:
@@ -403,17 +403,18 @@ class EngineBackend(Backend):
             values["gen_tokens"] = n_gen
         if repetitions is not None:
             values["repetitions"] = repetitions
-        lists = {"extra": [str(a) for a in cfg["extra_args"]],
-                 "trace": [str(a) for a in cfg["trace_args"]] if cfg["trace"] else []}
-        return render_command([str(x) for x in cfg["command"]], values, lists)
+        lists = {"extra": [str(a) for a in cfg.extra_args],
+                 "trace": [str(a) for a in cfg.trace_args] if cfg.trace else []}
+        return render_command([str(x) for x in cfg.command], values, lists)
 
-    def _execute(self, argv: list[str], conn: Connection, cfg: dict, log: logging.Logger, what: str) -> CommandResult:
+    def _execute(self, argv: list[str], conn: Connection, cfg: EngineConfig, log: logging.Logger,
+                 what: str) -> CommandResult:
         log.info("running engine (%s): %s", what, shlex.join(argv))
         try:
-            res = conn.run(stamped(argv, start_marker=True), timeout=cfg["timeout_s"],
-                           env={str(k): str(v) for k, v in (cfg.get("env") or {}).items()} or None)
+            res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s,
+                           env={str(k): str(v) for k, v in cfg.env.items()} or None)
         except CommandTimeout as exc:
-            raise BackendError("timeout", f"engine ({what}) did not finish within {cfg['timeout_s']:g} s: {exc}") from None
+            raise BackendError("timeout", f"engine ({what}) did not finish within {cfg.timeout_s:g} s: {exc}") from None
         log.info("engine (%s) exited %d after %.2f s", what, res.returncode, res.duration_s)
         if res.returncode != 0:
             raise command_failure(f"engine ({what})", res)
@@ -421,18 +422,18 @@ class EngineBackend(Backend):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        cfg = trial.section("backend")
-        template = [str(x) for x in cfg["command"]]
+        cfg = self.config_of(trial)
+        template = [str(x) for x in cfg.command]
         used = used_placeholders(template)
         model_path = None
         if "model" in used:
             model_path = device_model_path(trial, conn)
 
-        n_prompt, n_gen = cfg["n_prompt"], cfg["n_gen"]
+        n_prompt, n_gen = cfg.n_prompt, cfg.n_gen
         energy_pass = only_phase is not None and repetitions is not None
         if energy_pass:
             # One run with the phase made longer: separate processes give no contiguous window to integrate over.
-            room = cfg["context"] - cfg["depth"] - n_prompt - n_gen
+            room = cfg.context - cfg.depth - n_prompt - n_gen
             if only_phase == "decode" and "gen_tokens" in used and n_gen > 0:
                 k = max(1, min(repetitions, 1 + room // n_gen))
                 n_gen *= k
@@ -445,16 +446,16 @@ class EngineBackend(Backend):
                      only_phase, n_prompt, n_gen, k)
             reps = 1
         else:
-            reps = repetitions or cfg["repetitions"]
+            reps = repetitions or cfg.repetitions
         internal = "repetitions" in used  # the engine repeats itself and prints one line per repetition
         processes = 1 if internal else reps
         lines_per_run = reps if internal else 1
         argv = self.command(trial, model_path, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps)
-        patterns = _patterns(cfg)
+        patterns = _patterns(cfg.patterns)
 
         raw: list[str] = []
         stderr: list[str] = []
-        if cfg["warmup"] and not energy_pass:
+        if cfg.warmup and not energy_pass:
             res = self._execute(argv, conn, cfg, log, "warmup")
             raw.append(f"# jbench: engine warmup run (not measured): {shlex.join(argv)}\n{res.stdout}")
             stderr.append(res.stderr)
@@ -469,7 +470,7 @@ class EngineBackend(Backend):
                 raise
             raw.append(f"# jbench: engine {what}: {shlex.join(argv)}\n{res.stdout}")
             stderr.append(res.stderr)
-            runs.append(parse_engine_output(res.stdout, patterns, cfg["output"]))
+            runs.append(parse_engine_output(res.stdout, patterns, cfg.output))
         raw_output, raw_stderr = "\n".join(raw), "\n".join(stderr)
 
         wanted = [p for p, n in (("prefill", n_prompt), ("decode", n_gen)) if n > 0]
@@ -504,7 +505,7 @@ class EngineBackend(Backend):
             self._analyse(trial, runs, result, log)
         return result
 
-    def _phase(self, phase: str, runs: list[EngineRun], per_run: int, cfg: dict, raw: str, raw_err: str,
+    def _phase(self, phase: str, runs: list[EngineRun], per_run: int, cfg: EngineConfig, raw: str, raw_err: str,
                log: logging.Logger, requested: int) -> PhaseResult:
         title = phase.capitalize()
         lines: list[PhaseLine] = []
@@ -513,11 +514,11 @@ class EngineBackend(Backend):
             if not got:
                 fmt = {"log": f"a line matching backend.patterns.{phase}",
                        "jsonl": f'a JSON line {{"event": "{phase}", "tokens": N, "ms": X}}'}.get(
-                    cfg["output"], f'a line matching backend.patterns.{phase} or a JSON {{"event": "{phase}"}} line')
+                    cfg.output, f'a line matching backend.patterns.{phase} or a JSON {{"event": "{phase}"}} line')
                 raise BackendError(
                     "unparseable_output",
                     f"engine exited 0 but printed no {title} result in run {i + 1} (expected {fmt}; "
-                    f"backend.output={cfg['output']})", raw, raw_err)
+                    f"backend.output={cfg.output})", raw, raw_err)
             if len(got) != per_run:
                 raise BackendError(
                     "unparseable_output",
@@ -544,10 +545,10 @@ class EngineBackend(Backend):
         if len(lines) == 1:  # one contiguous phase: its window is [end - ms, end]
             end = phase_end_times(runs[0])[phase]
         return PhaseResult(phase=phase, n_tokens=n_tokens, samples_ns=[max(1, round(pl.ms * 1e6)) for pl in lines],
-                           depth=cfg["depth"], end_time=end)
+                           depth=cfg.depth, end_time=end)
 
-    def _build_identity(self, conn: Connection, cfg: dict) -> dict[str, str]:
-        binary = cfg.get("binary")
+    def _build_identity(self, conn: Connection, cfg: EngineConfig) -> dict[str, str]:
+        binary = cfg.binary
         if not binary:
             return {}
         build = {"engine_binary": str(binary)}
@@ -561,12 +562,12 @@ class EngineBackend(Backend):
 
     def _analyse(self, trial: Trial, runs: list[EngineRun], result: BackendResult, log: logging.Logger) -> None:
         """Findings from the log (power line, prefill vs decode) and, with trace, the GEMV analysis."""
-        cfg = trial.section("backend")
+        cfg, profile = self.config_of(trial), trial.cfg.profile
         if not runs:
             return
         rates = {p: pr.samples_tps for p, pr in result.phases.items()}
         mean = {p: sum(v) / len(v) for p, v in rates.items() if v}
-        bw = cfg.get("bandwidth_gbs") or (trial.config.get("profile") or {}).get("memory_bandwidth_gbs")
+        bw = cfg.bandwidth_gbs or (profile.memory_bandwidth_gbs if profile else None)
         text = runs[0].text
         decode_lines = runs[0].parsed.decode
         report = None
@@ -575,8 +576,8 @@ class EngineBackend(Backend):
             try:
                 report = analyze_trace_text(
                     text, bandwidth_bytes_per_s=float(bw) * 1e9 if bw else None, decode_tps=mean.get("decode"),
-                    prefill_tps=mean.get("prefill"), n_decode_tokens=n_tokens, hints=dict(cfg.get("trace_hints") or {}),
-                    patterns=_patterns(cfg))
+                    prefill_tps=mean.get("prefill"), n_decode_tokens=n_tokens, hints=dict(cfg.trace_hints),
+                    patterns=_patterns(cfg.patterns))
                 break
             except TraceError as exc:
                 error = str(exc)
@@ -586,7 +587,7 @@ class EngineBackend(Backend):
             result.info["gemv_error"] = error
             log.warning("engine output analysis failed: %s", error)
             return
-        if cfg["trace"]:
+        if cfg.trace:
             result.info["gemv"] = report.to_dict()
             tok = report.token
             if tok is None:
@@ -607,14 +608,9 @@ class EngineBackend(Backend):
             log.warning("finding %s: %s", f.code, f.message)
 
 
-def _patterns(cfg: dict) -> LogPatterns:
+def _patterns(given: EngineLogPatterns) -> LogPatterns:
     """The configured log patterns; raises TraceError for an invalid one."""
-    given = cfg.get("patterns") or {}
-    names = {f.name for f in fields(LogPatterns)}
-    unknown = set(given) - names
-    if unknown:
-        raise TraceError(f"unknown pattern(s) {', '.join(sorted(unknown))}. Valid: {', '.join(sorted(names))}")
-    patterns = LogPatterns(**{k: str(v) for k, v in given.items()})
+    patterns = LogPatterns(prefill=given.prefill, decode=given.decode, power=given.power, gemv=given.gemv)
     patterns.compiled()
     return patterns
 
@@ -626,7 +622,7 @@ def _patterns(cfg: dict) -> LogPatterns:
 def trace_analyze_command(path: str, bandwidth_gbs: Optional[float] = None, decode_tps: Optional[float] = None, *,
                           prefill_tps: Optional[float] = None, n_decode_tokens: Optional[int] = None,
                           bandwidth_source: Optional[str] = None, hints: Optional[dict] = None,
-                          patterns: Optional[dict] = None) -> tuple[str, dict]:
+                          patterns: Optional[Mapping[str, str]] = None) -> tuple[str, dict]:
     """What `jbench trace analyze FILE` prints and its JSON form: (summary text, report dict).
 
     FILE is an engine's saved output (plain log, JSON lines or a raw/stdout.txt artifact; leading
@@ -642,7 +638,10 @@ def trace_analyze_command(path: str, bandwidth_gbs: Optional[float] = None, deco
     source = (bandwidth_source or "--bandwidth") if bandwidth_gbs is not None else None
     if bandwidth_gbs is not None and (not isinstance(bandwidth_gbs, (int, float)) or bandwidth_gbs <= 0):
         raise TraceError(f"bandwidth must be a positive number of GB/s, got {bandwidth_gbs!r}")
-    lp = _patterns({"patterns": patterns or {}})
+    try:
+        lp = _patterns(typed(EngineLogPatterns, patterns, where="patterns"))
+    except SchemaError as exc:
+        raise TraceError(str(exc)) from None
     report = analyze_trace_text(
         text, bandwidth_bytes_per_s=bandwidth_gbs * 1e9 if bandwidth_gbs else None, decode_tps=decode_tps,
         prefill_tps=prefill_tps, n_decode_tokens=n_decode_tokens, hints=hints, patterns=lp)

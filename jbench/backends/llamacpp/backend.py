@@ -85,7 +85,7 @@ def default_binary_dir() -> Optional[str]:
     return build["bin_dir"] if build else None
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(Backend[LlamaCppConfig]):
     NAME = "llamacpp"
     CONFIG = LlamaCppConfig
     CAPABILITIES = Capabilities(
@@ -93,9 +93,8 @@ class LlamaCppBackend(Backend):
     )
 
     def binary_dir(self) -> str:
-        configured = self.config.get("binary_dir")
-        if configured:
-            return configured
+        if self.config.binary_dir:
+            return self.config.binary_dir
         found = default_binary_dir()
         if not found:
             raise BackendError(
@@ -105,20 +104,20 @@ class LlamaCppBackend(Backend):
         return found
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg, model = trial.section("backend"), trial.section("model")
+        cfg, model = self.config_of(trial), trial.cfg.model
         problems = []
-        if (msg := check_quant(model["quant"])) is not None:
+        if (msg := check_quant(model.quant)) is not None:
             problems.append(msg)
         problems += size_problems(cfg)
-        for key in ("cache_type_k", "cache_type_v"):
-            if cfg[key] not in KV_TYPES:
-                problems.append(f"backend.{key} '{cfg[key]}' is not a llama.cpp KV type. Valid: {', '.join(KV_TYPES)}")
-        if cfg["flash_attn"] not in FLASH_ATTN:
-            problems.append(f"backend.flash_attn '{cfg['flash_attn']}' is not valid. Valid: {', '.join(FLASH_ATTN)}")
-        elif cfg["cache_type_v"] not in ("f16", "f32", "bf16") and cfg["flash_attn"] == "off":
+        for key, kv_type in (("cache_type_k", cfg.cache_type_k), ("cache_type_v", cfg.cache_type_v)):
+            if kv_type not in KV_TYPES:
+                problems.append(f"backend.{key} '{kv_type}' is not a llama.cpp KV type. Valid: {', '.join(KV_TYPES)}")
+        if cfg.flash_attn not in FLASH_ATTN:
+            problems.append(f"backend.flash_attn '{cfg.flash_attn}' is not valid. Valid: {', '.join(FLASH_ATTN)}")
+        elif cfg.cache_type_v not in ("f16", "f32", "bf16") and cfg.flash_attn == "off":
             problems.append("a quantized V cache (backend.cache_type_v) needs flash attention: set backend.flash_attn=on")
-        if cfg["threads"] is not None and cfg["threads"] < 1:
-            problems.append(f"backend.threads must be >= 1 (got {cfg['threads']})")
+        if cfg.threads is not None and cfg.threads < 1:
+            problems.append(f"backend.threads must be >= 1 (got {cfg.threads})")
         problems += self._validate_scenario(cfg)
         if not problems:
             try:
@@ -131,33 +130,34 @@ class LlamaCppBackend(Backend):
         return problems
 
     @staticmethod
-    def _validate_scenario(cfg: dict) -> list[str]:
-        scenario = cfg.get("scenario", "bench")
-        if scenario not in SCENARIOS:
-            return [f"backend.scenario '{scenario}' is not valid. Valid: {', '.join(SCENARIOS)}"]
-        if scenario != "latency":
+    def _validate_scenario(cfg: LlamaCppConfig) -> list[str]:
+        if cfg.scenario not in SCENARIOS:
+            return [f"backend.scenario '{cfg.scenario}' is not valid. Valid: {', '.join(SCENARIOS)}"]
+        if cfg.scenario != "latency":
             return []
         problems = []
-        if cfg["n_gen"] < 2:
+        if cfg.n_gen < 2:
             problems.append(f"the latency scenario needs backend.n_gen >= 2: inter-token latency is undefined "
-                            f"below 2 output tokens (got {cfg['n_gen']})")
-        if cfg["n_prompt"] < 1:
-            problems.append(f"the latency scenario needs backend.n_prompt >= 1 (got {cfg['n_prompt']})")
-        if cfg["depth"]:
+                            f"below 2 output tokens (got {cfg.n_gen})")
+        if cfg.n_prompt < 1:
+            problems.append(f"the latency scenario needs backend.n_prompt >= 1 (got {cfg.n_prompt})")
+        if cfg.depth:
             problems.append("backend.depth is not supported by the latency scenario (every request processes its "
                             "whole prompt, the prompt cache is off): set backend.depth=0")
-        for key, low in (("latency_requests", 1), ("latency_concurrency", 1), ("latency_warmup_requests", 0)):
-            if cfg.get(key, low) < low:
-                problems.append(f"backend.{key} must be >= {low} (got {cfg[key]})")
-        if cfg.get("server_ready_timeout_s", 120.0) <= 0:
-            problems.append(f"backend.server_ready_timeout_s must be > 0 (got {cfg['server_ready_timeout_s']})")
-        if cfg.get("context") is not None:
-            slots = max(1, cfg.get("latency_concurrency", 1))
-            need = cfg["n_prompt"] + cfg["n_gen"]
-            if cfg["context"] // slots < need:
-                problems.append(f"backend.context={cfg['context']} gives each of the {slots} server slot(s) "
-                                f"{cfg['context'] // slots} tokens; a request needs n_prompt + n_gen = {need}")
-        if cfg.get("extra_args"):
+        for key, value, low in (("latency_requests", cfg.latency_requests, 1),
+                                ("latency_concurrency", cfg.latency_concurrency, 1),
+                                ("latency_warmup_requests", cfg.latency_warmup_requests, 0)):
+            if value < low:
+                problems.append(f"backend.{key} must be >= {low} (got {value})")
+        if cfg.server_ready_timeout_s <= 0:
+            problems.append(f"backend.server_ready_timeout_s must be > 0 (got {cfg.server_ready_timeout_s})")
+        if cfg.context is not None:
+            slots = server_slots(cfg)
+            need = cfg.n_prompt + cfg.n_gen
+            if cfg.context // slots < need:
+                problems.append(f"backend.context={cfg.context} gives each of the {slots} server slot(s) "
+                                f"{cfg.context // slots} tokens; a request needs n_prompt + n_gen = {need}")
+        if cfg.extra_args:
             problems.append("backend.extra_args are llama-bench arguments and the latency scenario runs llama-server: "
                             "use backend.server_extra_args")
         return problems
@@ -167,7 +167,7 @@ class LlamaCppBackend(Backend):
             bin_dir = self.binary_dir()
         except BackendError as exc:
             return [str(exc)]
-        latency_scenario = self.config.get("scenario", "bench") == "latency"
+        latency_scenario = self.config.scenario == "latency"
         binary = os.path.join(bin_dir, "llama-server" if latency_scenario else "llama-bench")
         if not conn.exists(binary):
             return [f"{binary} not found on device '{conn.name}': run `jbench setup` or fix backend.binary_dir"]
@@ -181,63 +181,65 @@ class LlamaCppBackend(Backend):
     def build_id(self, conn: Connection) -> Optional[str]:
         """The commit the build prints (`llama-bench --version`: "version: 0.5.0-dev (build 0, commit 0c1e57098)",
         older builds "version: 4000 (abc1234)"): the same string llama-bench records as build_commit."""
-        tool = "llama-server" if self.config.get("scenario", "bench") == "latency" else "llama-bench"
+        tool = "llama-server" if self.config.scenario == "latency" else "llama-bench"
         res = conn.run([os.path.join(self.binary_dir(), tool), "--version"], timeout=60)
         return parse_build_commit(res.stdout + res.stderr)
 
     def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
         """llama-server's argument list for the latency scenario."""
-        cfg = trial.section("backend")
-        slots = max(1, cfg.get("latency_concurrency", 1))
-        context = cfg.get("context") or server.default_context(cfg["n_prompt"], cfg["n_gen"], cfg["depth"], slots)
+        cfg = self.config_of(trial)
+        slots = server_slots(cfg)
+        context = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, slots)
         return server.server_argv(
             os.path.join(self.binary_dir(), "llama-server"), model_path, port=port, context=context, parallel=slots,
-            n_gpu_layers=cfg["n_gpu_layers"], cache_type_k=cfg["cache_type_k"], cache_type_v=cfg["cache_type_v"],
-            flash_attn=SERVER_FLASH_ATTN[cfg["flash_attn"]], threads=cfg["threads"], n_batch=cfg["n_batch"],
-            n_ubatch=cfg["n_ubatch"], extra_args=cfg.get("server_extra_args") or [],
+            n_gpu_layers=cfg.n_gpu_layers, cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v,
+            flash_attn=SERVER_FLASH_ATTN[cfg.flash_attn], threads=cfg.threads, n_batch=cfg.n_batch,
+            n_ubatch=cfg.n_ubatch, extra_args=cfg.server_extra_args,
         )
 
     def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
                 repetitions: Optional[int] = None) -> list[str]:
         """llama-bench's argument list; only_phase runs just prefill or decode (the energy pass)."""
-        cfg = trial.section("backend")
-        n_prompt = 0 if only_phase == "decode" else cfg["n_prompt"]
-        n_gen = 0 if only_phase == "prefill" else cfg["n_gen"]
+        cfg = self.config_of(trial)
+        n_prompt = 0 if only_phase == "decode" else cfg.n_prompt
+        n_gen = 0 if only_phase == "prefill" else cfg.n_gen
         argv = [
             os.path.join(self.binary_dir(), "llama-bench"),
             "-m", model_path,
             "-p", str(n_prompt),
             "-n", str(n_gen),
-            "-d", str(cfg["depth"]),
-            "-r", str(repetitions or cfg["repetitions"]),
-            "-ngl", str(cfg["n_gpu_layers"]),
-            "-ctk", cfg["cache_type_k"],
-            "-ctv", cfg["cache_type_v"],
+            "-d", str(cfg.depth),
+            "-r", str(repetitions or cfg.repetitions),
+            "-ngl", str(cfg.n_gpu_layers),
+            "-ctk", cfg.cache_type_k,
+            "-ctv", cfg.cache_type_v,
         ]
-        if FLASH_ATTN[cfg["flash_attn"]] is not None:
-            argv += ["-fa", FLASH_ATTN[cfg["flash_attn"]]]
-        if cfg["threads"] is not None:
-            argv += ["-t", str(cfg["threads"])]
-        if cfg["n_batch"] is not None:
-            argv += ["-b", str(cfg["n_batch"])]
-        if cfg["n_ubatch"] is not None:
-            argv += ["-ub", str(cfg["n_ubatch"])]
-        if not cfg["warmup"]:
+        flash_attn = FLASH_ATTN[cfg.flash_attn]
+        if flash_attn is not None:
+            argv += ["-fa", flash_attn]
+        if cfg.threads is not None:
+            argv += ["-t", str(cfg.threads)]
+        if cfg.n_batch is not None:
+            argv += ["-b", str(cfg.n_batch)]
+        if cfg.n_ubatch is not None:
+            argv += ["-ub", str(cfg.n_ubatch)]
+        if not cfg.warmup:
             argv.append("--no-warmup")
-        argv += [str(a) for a in cfg["extra_args"]]
+        argv += [str(a) for a in cfg.extra_args]
         argv += ["-o", "jsonl"]
         return argv
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
+        cfg = self.config_of(trial)
         model_path = device_model_path(trial, conn)
-        if trial.section("backend").get("scenario", "bench") == "latency":
+        if cfg.scenario == "latency":
             return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
         log.info("running: %s", shlex.join(argv))
         try:
             # Stamped with the device clock: each record's time delimits its phase window for energy.
-            res = conn.run(stamped(argv, start_marker=True), timeout=trial.section("backend")["timeout_s"])
+            res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s)
         except CommandTimeout as exc:
             raise BackendError("timeout", str(exc)) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
@@ -247,8 +249,7 @@ class LlamaCppBackend(Backend):
             phases, build, info = parse_output(res.stdout)
         except ParseError as exc:
             raise BackendError("unparseable_output", f"unparseable llama-bench output: {exc}", res.stdout, res.stderr) from None
-        cfg = trial.section("backend")
-        wanted = {p for p, n in (("prefill", cfg["n_prompt"]), ("decode", cfg["n_gen"])) if n > 0}
+        wanted = {p for p, n in (("prefill", cfg.n_prompt), ("decode", cfg.n_gen)) if n > 0}
         if only_phase:
             wanted &= {only_phase}
         if missing := wanted - set(phases):
@@ -264,17 +265,17 @@ class LlamaCppBackend(Backend):
     def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
                      only_phase: Optional[str] = None) -> BackendResult:
         """The latency scenario: llama-server on the device, streaming requests (jbench.backends.llamacpp.server)."""
-        cfg = trial.section("backend")
+        cfg = self.config_of(trial)
         if only_phase:
             # Latency phases carry no device-clock windows, so the energy pass never asks; if it does,
             # the whole scenario runs (a request always has both phases).
             log.info("latency scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
-        concurrency = max(1, cfg.get("latency_concurrency", 1))
+        concurrency = server_slots(cfg)
         run = server.run_latency_scenario(
             conn, lambda port: self.server_command(trial, model_path, port),
-            n_prompt=cfg["n_prompt"], n_gen=cfg["n_gen"], requests=cfg.get("latency_requests", 8),
-            concurrency=concurrency, warmup_requests=cfg.get("latency_warmup_requests", 1),
-            ready_timeout_s=cfg.get("server_ready_timeout_s", 120.0), timeout_s=cfg["timeout_s"], log=log,
+            n_prompt=cfg.n_prompt, n_gen=cfg.n_gen, requests=cfg.latency_requests,
+            concurrency=concurrency, warmup_requests=cfg.latency_warmup_requests,
+            ready_timeout_s=cfg.server_ready_timeout_s, timeout_s=cfg.timeout_s, log=log,
         )
         extra = client.latency_metrics(run.records, concurrency, run.wall_s)
         log.info("latency: TTFT p50 %.1f ms, ITL p50 %.2f ms, e2e p50 %.1f ms over %d request(s) at concurrency %d",
@@ -283,10 +284,15 @@ class LlamaCppBackend(Backend):
         info = {"scenario": "latency", "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
                 "server_slots": concurrency,
                 "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
-        return BackendResult(phases=client.latency_phases(run.records, cfg["n_prompt"]),
+        return BackendResult(phases=client.latency_phases(run.records, cfg.n_prompt),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log,
                              build={**run.build, "binary_dir": self.binary_dir()},
                              info=info, command=run.argv, metrics=extra)
+
+
+def server_slots(cfg: LlamaCppConfig) -> int:
+    """llama-server's --parallel slots: the requests in flight (validate refuses fewer than 1)."""
+    return max(1, cfg.latency_concurrency)
 
 
 def parse_build_commit(version_text: str) -> Optional[str]:

@@ -39,7 +39,7 @@ import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional, Union
 
 from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
@@ -157,8 +157,8 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
 
 
-def max_lengths(cfg: dict) -> tuple[int, int]:
-    return (cfg["max_input_len"] or cfg["n_prompt"], cfg["max_seq_len"] or cfg["n_prompt"] + cfg["n_gen"])
+def max_lengths(cfg: TrtllmConfig) -> tuple[int, int]:
+    return (cfg.max_input_len or cfg.n_prompt, cfg.max_seq_len or cfg.n_prompt + cfg.n_gen)
 
 
 def _last_line(text: str) -> str:
@@ -177,7 +177,7 @@ def _strip_version(text: str) -> str:
 # The backend
 
 
-class TrtllmBackend(Backend):
+class TrtllmBackend(Backend[TrtllmConfig]):
     NAME = "trtllm"
     CONFIG = TrtllmConfig
     CAPABILITIES = Capabilities(
@@ -190,78 +190,81 @@ class TrtllmBackend(Backend):
         extra={"variants": VARIANTS, "jetson_quants": JETSON_QUANTS, "energy_windows": False},
     )
 
-    def __init__(self, config: dict):
+    def __init__(self, config: Union[TrtllmConfig, Mapping[str, Any]]):
         super().__init__(config)
         self._facts: dict[str, tuple[str, str]] = {}  # device name -> (trtllm version, device name)
 
     # ---- paths
 
     def _bin(self, name: str) -> str:
-        d = self.config.get("bin_dir")
+        d = self.config.bin_dir
         return posixpath.join(d, name) if d else name
 
     def _program(self) -> list[str]:
         cfg = self.config
-        d = cfg.get("benchmark_dir") or ""
-        if cfg["jetson_program"] == "benchmark.py":
-            return [cfg["python"], posixpath.join(d, "benchmark.py")]
+        d = cfg.benchmark_dir or ""
+        if cfg.jetson_program == "benchmark.py":
+            return [cfg.python, posixpath.join(d, "benchmark.py")]
         return [posixpath.join(d, "gptSessionBenchmark")]
 
     # ---- validate / preflight
 
     def validate(self, trial: Trial) -> list[str]:
-        cfg, model = trial.section("backend"), trial.section("model")
+        cfg, model = self.config_of(trial), trial.cfg.model
         p: list[str] = []
-        for key, valid in (("variant", VARIANTS), ("mode", MODES), ("jetson_program", JETSON_PROGRAMS)):
-            if cfg[key] not in valid:
-                p.append(f"backend.{key} '{cfg[key]}' is not valid. Valid: {', '.join(valid)}")
-        for key in ("n_prompt", "n_gen", "repetitions", "batch_size", "num_requests", "num_runs"):
-            if cfg[key] < 1:
-                p.append(f"backend.{key} must be >= 1 (got {cfg[key]})")
-        if cfg["warmup"] < 0:
-            p.append(f"backend.warmup must be >= 0 (got {cfg['warmup']})")
-        if cfg["depth"] != 0:
-            p.append(f"backend.depth={cfg['depth']}: the trtllm backend does not support context depth (its "
+        for key, value, valid in (("variant", cfg.variant, VARIANTS), ("mode", cfg.mode, MODES),
+                                  ("jetson_program", cfg.jetson_program, JETSON_PROGRAMS)):
+            if value not in valid:
+                p.append(f"backend.{key} '{value}' is not valid. Valid: {', '.join(valid)}")
+        for key, count in (("n_prompt", cfg.n_prompt), ("n_gen", cfg.n_gen), ("repetitions", cfg.repetitions),
+                           ("batch_size", cfg.batch_size), ("num_requests", cfg.num_requests),
+                           ("num_runs", cfg.num_runs)):
+            if count < 1:
+                p.append(f"backend.{key} must be >= 1 (got {count})")
+        if cfg.warmup < 0:
+            p.append(f"backend.warmup must be >= 0 (got {cfg.warmup})")
+        if cfg.depth != 0:
+            p.append(f"backend.depth={cfg.depth}: the trtllm backend does not support context depth (its "
                      f"benchmarks start from an empty KV cache); set backend.depth=0")
-        for key in ("timeout_s", "build_timeout_s"):
-            if cfg[key] <= 0:
-                p.append(f"backend.{key} must be > 0 (got {cfg[key]})")
-        quant = str(model.get("quant"))
-        valid_quants = JETSON_QUANTS if cfg["variant"] == "jetson-v0.12" else QUANTS
+        for key, seconds in (("timeout_s", cfg.timeout_s), ("build_timeout_s", cfg.build_timeout_s)):
+            if seconds <= 0:
+                p.append(f"backend.{key} must be > 0 (got {seconds})")
+        quant = str(model.quant)
+        valid_quants = JETSON_QUANTS if cfg.variant == "jetson-v0.12" else QUANTS
         if quant not in valid_quants:
-            extra = (" (Orin has no FP8/FP4 support)" if cfg["variant"] == "jetson-v0.12" and quant in QUANTS else "")
-            p.append(f"model.quant '{quant}' is not a TensorRT-LLM quantization the {cfg['variant']} variant supports"
+            extra = (" (Orin has no FP8/FP4 support)" if cfg.variant == "jetson-v0.12" and quant in QUANTS else "")
+            p.append(f"model.quant '{quant}' is not a TensorRT-LLM quantization the {cfg.variant} variant supports"
                      f"{extra}. Valid: {', '.join(valid_quants)}")
-        if cfg["variant"] == "trtllm-bench":
-            if not cfg["hf_model"]:
+        if cfg.variant == "trtllm-bench":
+            if not cfg.hf_model:
                 p.append("backend.hf_model is not set: trtllm-bench needs --model (the Hugging Face model name, used "
                          "for the tokenizer and the report)")
-            if not cfg["dataset"] and not cfg["prepare_dataset"]:
+            if not cfg.dataset and not cfg.prepare_dataset:
                 p.append("backend.prepare_dataset is not set: give the path of TensorRT-LLM's "
                          "benchmarks/cpp/prepare_dataset.py on the device, or an existing backend.dataset")
-            if cfg["mode"] == "throughput":
-                if not cfg["streaming"]:
+            if cfg.mode == "throughput":
+                if not cfg.streaming:
                     p.append("backend.mode=throughput without backend.streaming: the report then has no "
                              "generation-phase rate (TPOT), so decode_tps cannot be measured; set backend.streaming=true "
                              "or backend.mode=latency")
-                if cfg["concurrency"] is not None and cfg["concurrency"] < 1:
-                    p.append(f"backend.concurrency must be >= 1 or null (got {cfg['concurrency']})")
-                elif cfg["concurrency"] and not cfg["engine_dir"] and cfg["concurrency"] > cfg["batch_size"]:
-                    p.append(f"backend.concurrency={cfg['concurrency']} exceeds the engine's max batch size "
-                             f"(backend.batch_size={cfg['batch_size']}): raise backend.batch_size")
+                if cfg.concurrency is not None and cfg.concurrency < 1:
+                    p.append(f"backend.concurrency must be >= 1 or null (got {cfg.concurrency})")
+                elif cfg.concurrency and not cfg.engine_dir and cfg.concurrency > cfg.batch_size:
+                    p.append(f"backend.concurrency={cfg.concurrency} exceeds the engine's max batch size "
+                             f"(backend.batch_size={cfg.batch_size}): raise backend.batch_size")
         else:
-            if not cfg["benchmark_dir"]:
+            if not cfg.benchmark_dir:
                 p.append("backend.benchmark_dir is not set: the directory of gptSessionBenchmark (cpp/build/benchmarks) "
                          "or benchmark.py (benchmarks/python) on the device")
-            if cfg["mode"] != "latency":
+            if cfg.mode != "latency":
                 p.append("backend.mode applies to trtllm-bench only; the jetson-v0.12 programs run static batches "
                          "(leave backend.mode=latency)")
-        if not cfg["engine_dir"]:
+        if not cfg.engine_dir:
             max_in, max_seq = max_lengths(cfg)
-            if cfg["n_prompt"] > max_in or cfg["n_prompt"] + cfg["n_gen"] > max_seq:
-                p.append(f"the trial (n_prompt={cfg['n_prompt']}, n_gen={cfg['n_gen']}) does not fit the engine's "
+            if cfg.n_prompt > max_in or cfg.n_prompt + cfg.n_gen > max_seq:
+                p.append(f"the trial (n_prompt={cfg.n_prompt}, n_gen={cfg.n_gen}) does not fit the engine's "
                          f"max_input_len={max_in} / max_seq_len={max_seq}")
-            owned = [a for a in cfg["build_args"] if str(a).split("=")[0] in _BUILD_OWNED]
+            owned = [a for a in cfg.build_args if str(a).split("=")[0] in _BUILD_OWNED]
             if owned:
                 p.append(f"backend.build_args sets {', '.join(owned)}, which jbench sets itself "
                          f"({', '.join(_BUILD_OWNED)}): use backend.batch_size / max_input_len / max_seq_len")
@@ -280,26 +283,26 @@ class TrtllmBackend(Backend):
 
     def reads_model_file(self, trial: Trial) -> bool:
         # A prebuilt engine (backend.engine_dir) is run as it is: the checkpoint is not read.
-        return not trial.section("backend").get("engine_dir")
+        return not self.config_of(trial).engine_dir
 
     def preflight(self, conn: Connection) -> list[str]:
         cfg = self.config
         needed: list[tuple[str, str]] = []
-        if not cfg.get("engine_dir"):
+        if not cfg.engine_dir:
             needed.append((self._bin("trtllm-build"), "backend.bin_dir"))
-        if cfg["variant"] == "trtllm-bench":
+        if cfg.variant == "trtllm-bench":
             needed.append((self._bin("trtllm-bench"), "backend.bin_dir"))
-            if not cfg.get("dataset") and cfg.get("prepare_dataset"):
-                needed.append((cfg["prepare_dataset"], "backend.prepare_dataset"))
-        elif cfg.get("benchmark_dir"):
+            if not cfg.dataset and cfg.prepare_dataset:
+                needed.append((cfg.prepare_dataset, "backend.prepare_dataset"))
+        elif cfg.benchmark_dir:
             needed.append((self._program()[-1], "backend.benchmark_dir"))
         problems = []
         for path, key in needed:
             if not self._exists_or_on_path(conn, path):
                 problems.append(f"{path} not found on device '{conn.name}': TensorRT-LLM is not installed there, "
                                 f"or fix {key}")
-        if cfg.get("engine_dir") and not conn.exists(conn.expand_path(cfg["engine_dir"])):
-            problems.append(f"engine directory {cfg['engine_dir']} not found on device '{conn.name}': fix backend.engine_dir")
+        if cfg.engine_dir and not conn.exists(conn.expand_path(cfg.engine_dir)):
+            problems.append(f"engine directory {cfg.engine_dir} not found on device '{conn.name}': fix backend.engine_dir")
         return problems
 
     # ---- device facts
@@ -316,16 +319,16 @@ class TrtllmBackend(Backend):
         if conn.name in self._facts:
             return self._facts[conn.name]
         cfg = self.config
-        version = cfg.get("trtllm_version")
+        version = cfg.trtllm_version
         if not version:
-            res = self._run(conn, [cfg["python"], "-c", _VERSION_CODE], 300, "reading the TensorRT-LLM version")
+            res = self._run(conn, [cfg.python, "-c", _VERSION_CODE], 300, "reading the TensorRT-LLM version")
             if res.returncode != 0 or not _last_line(res.stdout):
                 raise BackendError("missing_binary",
-                                   f"cannot import tensorrt_llm with {cfg['python']} on device '{conn.name}' (set "
+                                   f"cannot import tensorrt_llm with {cfg.python} on device '{conn.name}' (set "
                                    f"backend.python, or backend.trtllm_version): {_last_line(res.stderr)}",
                                    res.stdout, res.stderr)
             version = _strip_version(res.stdout)
-        device = cfg.get("device_name")
+        device = cfg.device_name
         if not device:
             res = self._run(conn, ["sh", "-c", _DEVICE_NAME], 60, "reading the device name")
             device = _last_line(res.stdout) or conn.name
@@ -341,30 +344,30 @@ class TrtllmBackend(Backend):
 
     # ---- engine
 
-    def build_command(self, checkpoint: str, output_dir: str, cfg: dict) -> list[str]:
+    def build_command(self, checkpoint: str, output_dir: str, cfg: TrtllmConfig) -> list[str]:
         max_in, max_seq = max_lengths(cfg)
         return [self._bin("trtllm-build"), "--checkpoint_dir", checkpoint, "--output_dir", output_dir,
-                "--max_batch_size", str(cfg["batch_size"]), "--max_input_len", str(max_in),
-                "--max_seq_len", str(max_seq), *[str(a) for a in cfg["build_args"]]]
+                "--max_batch_size", str(cfg.batch_size), "--max_input_len", str(max_in),
+                "--max_seq_len", str(max_seq), *[str(a) for a in cfg.build_args]]
 
     def prepare_engine(self, trial: Trial, conn: Connection, log: logging.Logger) -> tuple[str, str, dict]:
         """(engine directory, 'prebuilt' | 'cached' | 'built', manifest): builds only when no engine with the
         same key is cached on the device."""
-        cfg, model = trial.section("backend"), trial.section("model")
-        if cfg["engine_dir"]:
-            path = conn.expand_path(cfg["engine_dir"])
+        cfg, model = self.config_of(trial), trial.cfg.model
+        if cfg.engine_dir:
+            path = conn.expand_path(cfg.engine_dir)
             if not conn.exists(path):
                 raise BackendError("missing_model", f"engine directory {path} not found on device '{conn.name}'")
             return path, "prebuilt", {}
         checkpoint = device_model_path(trial, conn, "TensorRT-LLM checkpoint")
         version, device = self.device_facts(conn)
         max_in, max_seq = max_lengths(cfg)
-        key, key_fields = engine_cache_key(model=model["name"], quant=str(model["quant"]), checkpoint=checkpoint,
+        key, key_fields = engine_cache_key(model=model.name, quant=str(model.quant), checkpoint=checkpoint,
                                            max_input_len=max_in, max_seq_len=max_seq,
-                                           max_batch_size=cfg["batch_size"], version=version, device=device,
-                                           build_args=cfg["build_args"])
-        root = conn.expand_path(cfg["engine_cache_dir"])
-        engine_dir = posixpath.join(root, f"{_safe(model['name'])}-{_safe(str(model['quant']))}-{key}")
+                                           max_batch_size=cfg.batch_size, version=version, device=device,
+                                           build_args=cfg.build_args)
+        root = conn.expand_path(cfg.engine_cache_dir)
+        engine_dir = posixpath.join(root, f"{_safe(model.name)}-{_safe(str(model.quant))}-{key}")
         manifest_path = posixpath.join(engine_dir, MANIFEST)
         if conn.exists(manifest_path):
             res = self._run(conn, ["cat", manifest_path], 60, "reading the engine manifest")
@@ -380,7 +383,7 @@ class TrtllmBackend(Backend):
         self._run(conn, ["mkdir", "-p", engine_dir], 60, "creating the engine directory")
         log.info("building TensorRT-LLM engine: %s", shlex.join(argv))
         started = time.monotonic()
-        res = self._run(conn, argv, cfg["build_timeout_s"], "trtllm-build")
+        res = self._run(conn, argv, cfg.build_timeout_s, "trtllm-build")
         if res.returncode != 0:
             raise command_failure("trtllm-build", res, check_stdout=True)
         manifest = {"key": key, "fields": key_fields, "command": argv, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -395,31 +398,31 @@ class TrtllmBackend(Backend):
 
     # ---- dataset (trtllm-bench)
 
-    def dataset_command(self, cfg: dict) -> list[str]:
+    def dataset_command(self, cfg: TrtllmConfig) -> list[str]:
         """prepare_dataset.py's synthetic generator for exactly n_prompt input and n_gen output tokens."""
-        tokenizer = cfg["model_path"] or cfg["hf_model"]
-        return [cfg["python"], cfg["prepare_dataset"], "--stdout", "--tokenizer", str(tokenizer), "token-norm-dist",
-                "--input-mean", str(cfg["n_prompt"]), "--output-mean", str(cfg["n_gen"]), "--input-stdev", "0",
-                "--output-stdev", "0", "--num-requests", str(cfg["num_requests"])]
+        tokenizer = cfg.model_path or cfg.hf_model
+        return [cfg.python, cfg.prepare_dataset, "--stdout", "--tokenizer", str(tokenizer), "token-norm-dist",
+                "--input-mean", str(cfg.n_prompt), "--output-mean", str(cfg.n_gen), "--input-stdev", "0",
+                "--output-stdev", "0", "--num-requests", str(cfg.num_requests)]
 
     def prepare_dataset(self, trial: Trial, conn: Connection, log: logging.Logger) -> str:
-        cfg = trial.section("backend")
-        if cfg["dataset"]:
-            path = conn.expand_path(cfg["dataset"])
+        cfg = self.config_of(trial)
+        if cfg.dataset:
+            path = conn.expand_path(cfg.dataset)
             if not conn.exists(path):
                 raise BackendError("missing_model", f"dataset {path} not found on device '{conn.name}'")
             return path
-        tok = cfg["model_path"] or cfg["hf_model"]
+        tok = cfg.model_path or cfg.hf_model
         tag = hashlib.sha256(str(tok).encode()).hexdigest()[:8]
-        root = posixpath.join(conn.expand_path(cfg["engine_cache_dir"]), "datasets")
-        path = posixpath.join(root, f"synthetic_{cfg['n_prompt']}_{cfg['n_gen']}_{cfg['num_requests']}_{tag}.jsonl")
+        root = posixpath.join(conn.expand_path(cfg.engine_cache_dir), "datasets")
+        path = posixpath.join(root, f"synthetic_{cfg.n_prompt}_{cfg.n_gen}_{cfg.num_requests}_{tag}.jsonl")
         if conn.exists(path):
             log.info("dataset cached: %s", path)
             return path
         self._run(conn, ["mkdir", "-p", root], 60, "creating the dataset directory")
         argv = self.dataset_command(cfg)
         log.info("preparing dataset: %s > %s", shlex.join(argv), path)
-        res = self._run(conn, ["sh", "-c", _STDOUT_TO_FILE, "sh", path, *argv], cfg["timeout_s"], "prepare_dataset.py")
+        res = self._run(conn, ["sh", "-c", _STDOUT_TO_FILE, "sh", path, *argv], cfg.timeout_s, "prepare_dataset.py")
         if res.returncode != 0:
             raise BackendError("backend_crash", f"prepare_dataset.py exited with code {res.returncode}: "
                                f"{_last_line(res.stderr)}", res.stdout, res.stderr)
@@ -427,40 +430,40 @@ class TrtllmBackend(Backend):
 
     # ---- benchmark
 
-    def bench_command(self, cfg: dict, engine_dir: str, dataset: Optional[str]) -> list[str]:
+    def bench_command(self, cfg: TrtllmConfig, engine_dir: str, dataset: Optional[str]) -> list[str]:
         """The benchmark's argument list for one run."""
-        if cfg["variant"] == "trtllm-bench":
-            argv = [self._bin("trtllm-bench"), "--model", str(cfg["hf_model"])]
-            if cfg["model_path"]:
-                argv += ["--model_path", cfg["model_path"]]
-            argv += [cfg["mode"], "--dataset", str(dataset), "--engine_dir", engine_dir,
-                     "--num_requests", str(cfg["num_requests"]), "--warmup", str(cfg["warmup"])]
-            if cfg["bench_backend"]:
-                argv += ["--backend", cfg["bench_backend"]]
-            if cfg["mode"] == "throughput":
-                if cfg["concurrency"] is not None:
-                    argv += ["--concurrency", str(cfg["concurrency"])]
-                if cfg["streaming"]:
+        if cfg.variant == "trtllm-bench":
+            argv = [self._bin("trtllm-bench"), "--model", str(cfg.hf_model)]
+            if cfg.model_path:
+                argv += ["--model_path", cfg.model_path]
+            argv += [cfg.mode, "--dataset", str(dataset), "--engine_dir", engine_dir,
+                     "--num_requests", str(cfg.num_requests), "--warmup", str(cfg.warmup)]
+            if cfg.bench_backend:
+                argv += ["--backend", cfg.bench_backend]
+            if cfg.mode == "throughput":
+                if cfg.concurrency is not None:
+                    argv += ["--concurrency", str(cfg.concurrency)]
+                if cfg.streaming:
                     argv.append("--streaming")
         else:
             argv = self._program()
-            if cfg["jetson_program"] == "benchmark.py":
-                argv += ["-m", cfg["benchmark_model"]]
-            argv += ["--engine_dir", engine_dir, "--batch_size", str(cfg["batch_size"]),
-                     "--input_output_len", f"{cfg['n_prompt']},{cfg['n_gen']}", "--warm_up", str(cfg["warmup"]),
-                     "--num_runs", str(cfg["num_runs"]), "--duration", "0"]
-            if cfg["enable_cuda_graph"]:
+            if cfg.jetson_program == "benchmark.py":
+                argv += ["-m", cfg.benchmark_model]
+            argv += ["--engine_dir", engine_dir, "--batch_size", str(cfg.batch_size),
+                     "--input_output_len", f"{cfg.n_prompt},{cfg.n_gen}", "--warm_up", str(cfg.warmup),
+                     "--num_runs", str(cfg.num_runs), "--duration", "0"]
+            if cfg.enable_cuda_graph:
                 argv.append("--enable_cuda_graph")
-        return argv + [str(a) for a in cfg["extra_args"]]
+        return argv + [str(a) for a in cfg.extra_args]
 
-    def _parse(self, cfg: dict, stdout: str, stderr: str) -> tuple[PhaseMetrics, dict[str, Any]]:
+    def _parse(self, cfg: TrtllmConfig, stdout: str, stderr: str) -> tuple[PhaseMetrics, dict[str, Any]]:
         """Phase metrics of one run's output, and facts for info; BackendError when there is no decode rate."""
         facts: dict[str, Any] = {}
         try:
-            if cfg["variant"] == "trtllm-bench":
+            if cfg.variant == "trtllm-bench":
                 report = parse_trtllm_bench_report(stdout, required=())
-                for name, value, want in (("input", report.avg_input_len, cfg["n_prompt"]),
-                                          ("output", report.avg_output_len, cfg["n_gen"])):
+                for name, value, want in (("input", report.avg_input_len, cfg.n_prompt),
+                                          ("output", report.avg_output_len, cfg.n_gen)):
                     if value is not None and abs(value - want) > 0.5:
                         raise BackendError(
                             "unparseable_output",
@@ -476,8 +479,8 @@ class TrtllmBackend(Backend):
                                     for r in records)
                     raise BackendError(
                         "unparseable_output",
-                        f"no [BENCHMARK] line for batch_size {cfg['batch_size']} input_length {cfg['n_prompt']} "
-                        f"output_length {cfg['n_gen']} (got: {got})", stdout, stderr)
+                        f"no [BENCHMARK] line for batch_size {cfg.batch_size} input_length {cfg.n_prompt} "
+                        f"output_length {cfg.n_gen} (got: {got})", stdout, stderr)
                 if rec.oom:
                     raise BackendError("out_of_memory", f"{rec.tool} ran out of memory (latency N/A): {rec.line}",
                                        stdout, stderr)
@@ -492,11 +495,11 @@ class TrtllmBackend(Backend):
 
     def run(self, trial: Trial, conn: Connection, log: logging.Logger, *, only_phase: Optional[str] = None,
             repetitions: Optional[int] = None) -> BackendResult:
-        cfg = trial.section("backend")
+        cfg = self.config_of(trial)
         engine_dir, cache_state, manifest = self.prepare_engine(trial, conn, log)
-        dataset = self.prepare_dataset(trial, conn, log) if cfg["variant"] == "trtllm-bench" else None
+        dataset = self.prepare_dataset(trial, conn, log) if cfg.variant == "trtllm-bench" else None
         argv = self.bench_command(cfg, engine_dir, dataset)
-        reps = repetitions or cfg["repetitions"]
+        reps = repetitions or cfg.repetitions
         outputs: list[str] = []
         errors: list[str] = []
         samples: dict[str, list[int]] = {"prefill": [], "decode": []}
@@ -504,12 +507,12 @@ class TrtllmBackend(Backend):
         facts: dict[str, Any] = {}
         for i in range(reps):
             log.info("running (%d/%d): %s", i + 1, reps, shlex.join(argv))
-            res = self._run(conn, argv, cfg["timeout_s"], argv[0])
+            res = self._run(conn, argv, cfg.timeout_s, argv[0])
             outputs.append(f"# jbench: run {i + 1}/{reps}: {shlex.join(argv)}\n{res.stdout}")
             errors.append(res.stderr)
             raw, raw_err = "\n".join(outputs), "\n".join(errors)
             if res.returncode != 0:
-                tool = posixpath.basename(argv[1] if argv[0] == cfg["python"] and len(argv) > 1 else argv[0])
+                tool = posixpath.basename(argv[1] if argv[0] == cfg.python and len(argv) > 1 else argv[0])
                 raise command_failure(tool, res, raw, raw_err, check_stdout=True)
             try:
                 pm, facts = self._parse(cfg, res.stdout, res.stderr)
@@ -517,20 +520,20 @@ class TrtllmBackend(Backend):
                 exc.raw_output, exc.raw_stderr = raw, raw_err
                 raise
             # TensorRT-LLM reports rates: one sample per run, the time that rate gives the trial's tokens.
-            samples["decode"].append(max(1, round(cfg["n_gen"] * 1e9 / pm.decode_tps)))
+            samples["decode"].append(max(1, round(cfg.n_gen * 1e9 / pm.decode_tps)))
             if pm.prefill_tps:
-                samples["prefill"].append(max(1, round(cfg["n_prompt"] * 1e9 / pm.prefill_tps)))
+                samples["prefill"].append(max(1, round(cfg.n_prompt * 1e9 / pm.prefill_tps)))
             last = pm
         assert last is not None
         phases: dict[str, PhaseResult] = {}
-        for phase, n in (("prefill", cfg["n_prompt"]), ("decode", cfg["n_gen"])):
+        for phase, n in (("prefill", cfg.n_prompt), ("decode", cfg.n_gen)):
             if only_phase and phase != only_phase:
                 continue
             if samples[phase] and len(samples[phase]) == reps:
                 phases[phase] = PhaseResult(phase=phase, n_tokens=n, samples_ns=samples[phase], depth=0, end_time=None)
-        version, device = self._facts.get(conn.name, (cfg.get("trtllm_version"), cfg.get("device_name")))
+        version, device = self._facts.get(conn.name, (cfg.trtllm_version, cfg.device_name))
         info: dict[str, Any] = {
-            "trtllm_variant": cfg["variant"], "engine_dir": engine_dir, "engine_cache": cache_state,
+            "trtllm_variant": cfg.variant, "engine_dir": engine_dir, "engine_cache": cache_state,
             "trtllm_decode_source": last.decode_source, "trtllm_prefill_source": last.prefill_source,
             "trtllm_single_stream": last.single_stream, "trtllm_caveats": list(last.caveats),
             **{k: v for k, v in facts.items() if v is not None},
@@ -547,9 +550,9 @@ class TrtllmBackend(Backend):
                              info=info, command=argv)
 
 
-def _matching_record(records: List[JetsonBenchmarkRecord], cfg: dict) -> Optional[JetsonBenchmarkRecord]:
+def _matching_record(records: List[JetsonBenchmarkRecord], cfg: TrtllmConfig) -> Optional[JetsonBenchmarkRecord]:
     for rec in records:
-        if (rec.batch_size, rec.input_length, rec.output_length) == (cfg["batch_size"], cfg["n_prompt"], cfg["n_gen"]):
+        if (rec.batch_size, rec.input_length, rec.output_length) == (cfg.batch_size, cfg.n_prompt, cfg.n_gen):
             return rec
     return None
 

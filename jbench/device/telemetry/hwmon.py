@@ -38,6 +38,7 @@ import json
 import math
 from typing import Any, Optional
 
+from jbench.core.schema import ProfileConfig
 from jbench.device.connection import Connection
 from jbench.device.telemetry.rails import power_fields
 from jbench.device.telemetry.samplers import StreamSampler, split_stamp
@@ -296,11 +297,11 @@ class SysfsSampler(StreamSampler):
 
     source = "sysfs"
 
-    def __init__(self, conn: Connection, interval_ms: int = HWMON_DEFAULT_INTERVAL_MS, *, rails_spec=None,
-                 gpu_rail=None, cpu_rail=None, sysfs_root: str = "/sys", slow_ms: int = HWMON_SLOW_MS,
+    def __init__(self, conn: Connection, interval_ms: int = HWMON_DEFAULT_INTERVAL_MS, *,
+                 profile: Optional[ProfileConfig] = None, sysfs_root: str = "/sys", slow_ms: int = HWMON_SLOW_MS,
                  compiled: bool = True):
         super().__init__(conn, ["python3", "-c", HWMON_READER, sysfs_root, str(int(interval_ms)), str(int(slow_ms))])
-        self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
+        self.profile = profile  # the module profile: its rails decide the input power (rails.input_power)
         self.interval_ms = int(interval_ms)
         self.meta: Optional[dict[str, Any]] = None
         self.compiled = compiled
@@ -324,7 +325,6 @@ class SysfsSampler(StreamSampler):
         return binary
 
     def _run(self) -> None:
-        profile = {"power_rails": list(self.rails_spec or []), "gpu_rail": self.gpu_rail, "cpu_rail": self.cpu_rail}
         loop = self._compiled_loop() if self.compiled else None
         if not self.compiled:
             self.loop_note = "the compiled loop was not asked for"
@@ -349,7 +349,7 @@ class SysfsSampler(StreamSampler):
                     self.last_skipped = line.strip()[:300]
                 continue
             t, rails, slow = parsed
-            power, total = power_fields(rails, profile)
+            power, total = power_fields(rails, self.profile)
             self._note_power(total)
             self.samples.append({"t": t, **power, **{f"rail_{k}_w": v for k, v in rails.items()},
                                  **_slow_fields(slow)})

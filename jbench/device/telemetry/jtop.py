@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from jbench.core.schema import ProfileConfig
 from jbench.device.connection import Connection
 from jbench.device.telemetry.rails import power_fields
 from jbench.device.telemetry.samplers import StreamSampler
@@ -71,11 +72,11 @@ def _mhz(khz) -> Optional[float]:
 
 class JtopSampler(StreamSampler):
     """jtop's instantaneous rail readings; board and GPU/CPU power by the rules of telemetry/rails.py rather than
-    jtop's own total. `rail_profile` ({power_rails, gpu_rail, cpu_rail}) may be set after construction; without it
-    the documented rules apply."""
+    jtop's own total. `rail_profile` (the module profile) may be set after construction; without it the documented
+    rules apply."""
 
     source = "jtop"
-    rail_profile: Optional[dict] = None
+    rail_profile: Optional[ProfileConfig] = None
 
     def __init__(self, conn: Connection, interval_ms: int = 100):
         super().__init__(conn, ["python3", "-c", JTOP_READER, str(int(interval_ms))])

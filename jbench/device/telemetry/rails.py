@@ -37,7 +37,9 @@ documentation, and jetson-stats' `jtop/core/power.py`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
+
+from jbench.core.schema import ProfileConfig
 
 __all__ = [
     "COMBINED_RAILS",
@@ -109,21 +111,14 @@ def _present(rails: Mapping[str, Optional[float]]) -> dict[str, float]:
     return {name: float(v) for name, v in rails.items() if v is not None and name != _PLACEHOLDER}
 
 
-def _profile_rails(profile: Optional[Mapping[str, Any]]) -> list[str]:
-    spec = (profile or {}).get("power_rails") or []
-    if isinstance(spec, str):
-        spec = [s for s in spec.split(",") if s]
-    return [str(s) for s in spec]
-
-
-def input_power(rails: Mapping[str, Optional[float]], profile: Optional[Mapping[str, Any]] = None) -> InputPower:
+def input_power(rails: Mapping[str, Optional[float]], profile: Optional[ProfileConfig] = None) -> InputPower:
     """The board's input power from one reading of its rails (see the module doc for the rules).
 
-    `rails`: {rail name: value} in any unit; `profile`: a module profile (or any mapping) whose
-    `power_rails`, when non-empty, names the rails to sum instead of the documented rule.
+    `rails`: {rail name: value} in any unit; `profile`: a module profile whose `power_rails`, when non-empty,
+    names the rails to sum instead of the documented rule.
     """
     have = _present(rails)
-    spec = _profile_rails(profile)
+    spec = [str(name) for name in profile.power_rails] if profile else []
     if spec:
         if any(name not in have for name in spec):
             return InputPower(None, spec, "profile")
@@ -145,22 +140,21 @@ def _documented(have: Mapping[str, float]) -> InputPower:
     return InputPower(None, [], "none")
 
 
-def component_rails(names: Iterable[str], profile: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+def component_rails(names: Iterable[str], profile: Optional[ProfileConfig] = None) -> dict[str, str]:
     """{"gpu": rail, "cpu": rail} or {"cpu_gpu_cv": rail} (or a subset) for the rails present.
 
     The profile's `gpu_rail` / `cpu_rail` win where set (a named rail that is absent gives nothing);
     else the module's usual rail. A combined rail, or one rail named for both, is `cpu_gpu_cv` only.
     """
     present = {n for n in names if n != _PLACEHOLDER}
-    prof = profile or {}
+    named_gpu, named_cpu = (profile.gpu_rail, profile.cpu_rail) if profile else (None, None)
 
-    def pick(key: str, table: Sequence[str]) -> Optional[str]:
-        named = prof.get(key)
+    def pick(named: Optional[str], table: Sequence[str]) -> Optional[str]:
         if named:
             return named if named in present else None
         return next((r for r in table if r in present), None)
 
-    gpu, cpu = pick("gpu_rail", GPU_RAILS), pick("cpu_rail", CPU_RAILS)
+    gpu, cpu = pick(named_gpu, GPU_RAILS), pick(named_cpu, CPU_RAILS)
     out: dict[str, str] = {}
     for role, rail in (("gpu", gpu), ("cpu", cpu)):
         if rail is None:
@@ -169,21 +163,21 @@ def component_rails(names: Iterable[str], profile: Optional[Mapping[str, Any]] =
             out[COMBINED] = rail
         else:
             out[role] = rail
-    if not prof.get("gpu_rail") and not prof.get("cpu_rail") and COMBINED not in out:
+    if not named_gpu and not named_cpu and COMBINED not in out:
         combined = next((r for r in COMBINED_RAILS if r in present), None)
         if combined is not None:
             out[COMBINED] = combined
     return out
 
 
-def component_power(rails: Mapping[str, Optional[float]], profile: Optional[Mapping[str, Any]] = None) -> dict[str, float]:
+def component_power(rails: Mapping[str, Optional[float]], profile: Optional[ProfileConfig] = None) -> dict[str, float]:
     """{"gpu": value, "cpu": value} or {"cpu_gpu_cv": value} (see `component_rails`), in the rails' unit."""
     have = _present(rails)
     return {role: have[rail] for role, rail in component_rails(have, profile).items()}
 
 
 def power_fields(rails_w: Mapping[str, Optional[float]],
-                 profile: Optional[Mapping[str, Any]] = None) -> tuple[dict[str, Optional[float]], InputPower]:
+                 profile: Optional[ProfileConfig] = None) -> tuple[dict[str, Optional[float]], InputPower]:
     """A telemetry sample's power signals from rails in watts: `power_w` (board input, None when unknown)
     and `gpu_power_w` / `cpu_power_w` or `cpu_gpu_cv_power_w`; with the input-power rule applied."""
     total = input_power(rails_w, profile)

@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Optional
 
+from jbench.core.schema import ProfileConfig
 from jbench.device.connection import Connection
 
 from jbench.device.telemetry.rails import InputPower, power_fields
@@ -140,18 +141,13 @@ class NoSampler(Sampler):
 # tegrastats
 
 
-def tegrastats_sample(t: float, line: str, rails_spec: Optional[list[str]] = None,
-                      gpu_rail: Optional[str] = None, cpu_rail: Optional[str] = None) -> Optional[dict]:
-    parsed = _tegrastats_sample(t, line, _rail_profile(rails_spec, gpu_rail, cpu_rail))
+def tegrastats_sample(t: float, line: str, profile: Optional[ProfileConfig] = None) -> Optional[dict]:
+    """One tegrastats line as a sample; `profile`: the module profile whose rails the rail rules read."""
+    parsed = _tegrastats_sample(t, line, profile)
     return None if parsed is None else parsed[0]
 
 
-def _rail_profile(rails_spec, gpu_rail, cpu_rail) -> dict:
-    """The profile keys the rail rules read (jbench.device.telemetry.rails)."""
-    return {"power_rails": list(rails_spec or []), "gpu_rail": gpu_rail, "cpu_rail": cpu_rail}
-
-
-def _tegrastats_sample(t: float, line: str, profile: dict) -> Optional[tuple[dict, InputPower]]:
+def _tegrastats_sample(t: float, line: str, profile: Optional[ProfileConfig]) -> Optional[tuple[dict, InputPower]]:
     s = parse_line(line)
     if s is None:
         return None
@@ -250,13 +246,13 @@ class StreamSampler(Sampler):
 class TegrastatsSampler(StreamSampler):
     source = "tegrastats"
 
-    def __init__(self, conn: Connection, interval_ms: int = 100, *, rails_spec=None, gpu_rail=None, cpu_rail=None,
+    def __init__(self, conn: Connection, interval_ms: int = 100, *, profile: Optional[ProfileConfig] = None,
                  sudo: bool = True):
         super().__init__(conn, ["tegrastats", "--interval", str(int(interval_ms))], sudo=sudo)
-        self.rails_spec, self.gpu_rail, self.cpu_rail = rails_spec, gpu_rail, cpu_rail
+        self.profile = profile  # the module profile: its rails decide the input power (rails.input_power)
 
     def _parse(self, t, payload):
-        parsed = _tegrastats_sample(t, payload, _rail_profile(self.rails_spec, self.gpu_rail, self.cpu_rail))
+        parsed = _tegrastats_sample(t, payload, self.profile)
         if parsed is None:
             return None
         self._note_power(parsed[1])

@@ -1,5 +1,6 @@
 """Telemetry sources by name (telemetry.source): each is a factory registered in the `jbench.samplers`
-entry-point group, `(conn, device, profile, interval_ms) -> Sampler`. A user's package adds a source the
+entry-point group, `(conn, device, profile, interval_ms) -> Sampler`, where `device` is the trial's
+DeviceConfig and `profile` its ProfileConfig (None: no module profile). A user's package adds a source the
 same way (see jbench.registry); `auto` picks among the built-ins.
 
 `interval_ms` is telemetry.interval_ms (tegrastats, jtop, nvml). The sysfs/hwmon reader has its own,
@@ -12,6 +13,7 @@ import inspect
 from typing import Optional
 
 from jbench.core import registry
+from jbench.core.schema import DeviceConfig, DeviceSection, ProfileConfig, ProfileSection, typed
 from jbench.device.connection import Connection
 from jbench.device.telemetry.hwmon import HWMON_DEFAULT_INTERVAL_MS, SysfsSampler
 from jbench.device.telemetry.samplers import (
@@ -23,42 +25,36 @@ from jbench.device.telemetry.samplers import (
 )
 
 
-def _rails(profile: Optional[dict]) -> dict:
-    profile = profile or {}
-    return {"rails_spec": profile.get("power_rails") or None, "gpu_rail": profile.get("gpu_rail"),
-            "cpu_rail": profile.get("cpu_rail")}
-
-
-def no_telemetry(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+def no_telemetry(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int) -> Sampler:
     return NoSampler("telemetry.source=none")
 
 
-def tegrastats(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
-    return TegrastatsSampler(conn, interval_ms, **_rails(profile))
+def tegrastats(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int) -> Sampler:
+    return TegrastatsSampler(conn, interval_ms, profile=profile)
 
 
-def sysfs(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int, *,
+def sysfs(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int, *,
           hwmon_interval_ms: Optional[int] = None) -> Sampler:
     """The hwmon reader at hwmon_interval_ms (default 10 ms), not telemetry.interval_ms: its compiled loop costs
     little at 100 Hz (docs/PERFORMANCE.md), and tegrastats' 100 ms default is too coarse for a decode step's power."""
-    return SysfsSampler(conn, int(hwmon_interval_ms or HWMON_DEFAULT_INTERVAL_MS), **_rails(profile),
-                        sysfs_root=(device.get("paths") or {}).get("sysfs_root", "/sys"))
+    return SysfsSampler(conn, int(hwmon_interval_ms or HWMON_DEFAULT_INTERVAL_MS), profile=profile,
+                        sysfs_root=device.paths.sysfs_root)
 
 
-def jtop(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+def jtop(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int) -> Sampler:
     sampler = JtopSampler(conn, interval_ms)
     sampler.rail_profile = profile  # the module profile's rails decide the input power (rails.input_power)
     return sampler
 
 
-def nvml(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int) -> Sampler:
+def nvml(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int) -> Sampler:
     if not conn.is_local:
         return NoSampler("telemetry.source=nvml samples the controller's own GPUs: use it with device=local")
     reason = NvmlSampler.available()
     return NoSampler(reason) if reason else NvmlSampler(interval_ms)
 
 
-def auto(conn: Connection, device: dict, profile: Optional[dict], interval_ms: int, *,
+def auto(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int, *,
          hwmon_interval_ms: Optional[int] = None) -> Sampler:
     """NVML on a local machine without a Jetson profile; on a Jetson tegrastats, else the sysfs reader."""
     if conn.is_local and not profile:
@@ -74,9 +70,12 @@ def auto(conn: Connection, device: dict, profile: Optional[dict], interval_ms: i
     return NoSampler(f"no telemetry source on '{conn.name}': tegrastats and python3 not found")
 
 
-def make_sampler(source: str, conn: Connection, device: dict, profile: Optional[dict], interval_ms: int, *,
+def make_sampler(source: str, conn: Connection, device: DeviceSection, profile: ProfileSection, interval_ms: int, *,
                  hwmon_interval_ms: Optional[int] = None) -> Sampler:
-    """The sampler for telemetry.source (a registered name); hwmon_interval_ms reaches the factories that take it."""
+    """The sampler for telemetry.source (a registered name); hwmon_interval_ms reaches the factories that take it.
+    The factory gets the device and profile as schema objects (the run layer may pass plain sections)."""
+    device = typed(DeviceConfig, device, where="device")
+    profile = typed(ProfileConfig, profile, where="profile") if profile else None
     try:
         factory = registry.load(registry.SAMPLERS, source)
     except KeyError:

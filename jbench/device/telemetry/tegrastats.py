@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
+from jbench.core.schema import ProfileConfig
 from jbench.device.telemetry.rails import INPUT_RAILS, SUMMED_RAIL_SETS, InputPower, input_power
 
 __all__ = [
@@ -341,7 +342,7 @@ def input_power_of(sample: TegrastatsSample, rails_spec: Sequence[str] | None = 
     if rails_spec is not None and not rails_spec:
         return InputPower(None, [], "profile")
     current = {name: rail.current_mw for name, rail in sample.rails.items()}
-    return input_power(current, {"power_rails": list(rails_spec)} if rails_spec else None)
+    return input_power(current, ProfileConfig(power_rails=list(rails_spec)) if rails_spec else None)
 
 
 # --- flat output ----------------------------------------------------------------------------

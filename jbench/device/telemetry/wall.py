@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable, Optional, Sequence
 
+from jbench.core.schema import WallPowerConfig, WallPowerSection, typed
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.telemetry.samplers import Sampler
 
@@ -493,47 +494,46 @@ class PtdSampler(WallSampler):
 # Construction from the config
 
 
-def _password(section: dict) -> Optional[str]:
-    name = section.get("password_env")
-    if not name:
+def _password(wall: WallPowerConfig) -> Optional[str]:
+    if not wall.password_env:
         return None
-    value = os.environ.get(name)
+    value = os.environ.get(wall.password_env)
     if value is None:
-        raise WallMeterError(f"wall_power.password_env names {name}, which is not set in the environment")
+        raise WallMeterError(f"wall_power.password_env names {wall.password_env}, which is not set in the environment")
     return value
 
 
-def make_wall_sampler(section: dict) -> Optional[WallSampler]:
+def make_wall_sampler(section: WallPowerSection) -> Optional[WallSampler]:
     """The sampler the wall_power section asks for; None for source=none. Raises WallMeterError for a
     section that cannot work (the message names the fix)."""
-    source = section.get("source") or "none"
+    wall = typed(WallPowerConfig, section, where="wall_power")
+    source = wall.source
     if source == "none":
         return None
     if source not in SOURCES:
         raise WallMeterError(f"unknown wall_power.source '{source}'. Valid sources: {', '.join(SOURCES)}")
-    host = section.get("host")
+    host = wall.host
     if not host:
         raise WallMeterError(f"wall_power.source={source} needs wall_power.host (the meter's address)")
-    interval_ms, timeout_s = int(section.get("interval_ms") or 500), float(section.get("timeout_s") or 2.0)
-    channel = int(section.get("channel") or 0)
+    interval_ms, timeout_s, channel = int(wall.interval_ms), float(wall.timeout_s), int(wall.channel)
+    # Shelly and Tasmota answer HTTP on port 80 unless the section names another.
     if source == "shelly":
-        return ShellySampler(host, int(section.get("port") or 80), channel, _password(section), interval_ms, timeout_s)
+        return ShellySampler(host, int(wall.port or 80), channel, _password(wall), interval_ms, timeout_s)
     if source == "tasmota":
-        return TasmotaSampler(host, int(section.get("port") or 80), channel, section.get("user"), _password(section),
-                              interval_ms, timeout_s)
-    if not section.get("port"):
+        return TasmotaSampler(host, int(wall.port or 80), channel, wall.user, _password(wall), interval_ms, timeout_s)
+    if not wall.port:
         raise WallMeterError("wall_power.source=ptdaemon needs wall_power.port (PTDaemon's -p port)")
-    return PtdSampler(host, int(section["port"]), interval_ms, max(timeout_s, 5.0))
+    return PtdSampler(host, int(wall.port), interval_ms, max(timeout_s, 5.0))
 
 
-def wall_power_problem(section: Optional[dict]) -> Optional[str]:
+def wall_power_problem(section: WallPowerSection) -> Optional[str]:
     """Why a wall_power section cannot work, found without reaching the meter (None: it can). Planning calls
     this, so a bad section stops the sweep before any device is touched."""
     try:
-        make_wall_sampler(dict(section or {}))
+        make_wall_sampler(section)
     except WallMeterError as exc:
         return str(exc)
-    except (TypeError, ValueError) as exc:  # a port or interval that is not a number
+    except (TypeError, ValueError) as exc:  # a port or interval that is not a number, a key no schema field
         return f"wall_power: {exc}"
     return None
 
