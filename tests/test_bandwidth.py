@@ -147,9 +147,11 @@ def test_trial_bandwidth_order_and_auto_calibration(cache):
     assert gpu.gbs is None and "auto-calibration failed: no nvcc" in gpu.source
 
 
-def _model_config(path) -> dict:
-    return {"model": {"name": "tiny", "quant": "F16", "source": "files", "files": {"F16": str(path)}},
-            "backend": {"name": "llamacpp"}, "device": {"name": "dev"}}
+def _model_config(path):
+    from jbench.core.trial import trial_config
+
+    return trial_config({"model": {"name": "tiny", "quant": "F16", "source": "files", "files": {"F16": str(path)}},
+                         "backend": {"name": "llamacpp"}, "device": {"name": "dev"}})
 
 
 def test_a_rate_above_its_ceiling_is_a_finding_not_a_fraction(tmp_path):

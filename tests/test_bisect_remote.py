@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from jbench.core.schema import DeviceConfig, typed
 from jbench.sweeps.bisect import BisectError, build_commit_on_device
 from jbench.device.connect import connect
 from tests.conftest import jbench_cli
@@ -169,7 +170,7 @@ def test_a_commit_is_built_on_the_device_once_and_cached_there(orin_nano_super_r
     repo, sha = tiny_cmake_project(tmp_path)
     (repo / "main.c").write_text("int main(void) { return undeclared_in_commit_two; }\n")
     broken = _commit(repo, "two")
-    device = device_cfg(emu)
+    device = typed(DeviceConfig, device_cfg(emu))
     said: list[str] = []
     with connect(device) as conn:
         bin_dir = build_commit_on_device(conn, device, str(repo), sha, said.append, jobs=1)

@@ -234,8 +234,10 @@ def test_roofline_emits_the_roofline_declarations(tmp_path):
     _write_gguf(path)
     cal = Calibration(device="dev", probe="cpu", power_state="governor=performance", method="test",
                       runs=[9.0, 10.0, 11.0], size_mb=64, measured_at="2026-01-01T00:00:00")
-    config = {"model": {"name": "tiny", "quant": "F16", "source": "files", "files": {"F16": str(path)}},
-              "backend": {"name": "llamacpp"}, "device": {"name": "dev"}}
+    from jbench.core.trial import trial_config
+
+    config = trial_config({"model": {"name": "tiny", "quant": "F16", "source": "files", "files": {"F16": str(path)}},
+                           "backend": {"name": "llamacpp"}, "device": {"name": "dev"}})
     out = trial_roofline(config, 1.0, Bandwidth(cal.ceiling_gbs, "jbench calibrate", cal))
     assert out.tags["roofline.status"] == "ok" and out.metrics["roofline_fraction"] < 1
     assert set(out.metrics) == set(M.provided_by(M.ROOFLINE)) == _names("roofline")

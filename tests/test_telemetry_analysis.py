@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from jbench.core.schema import ProfileConfig
+
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, counter_energy, energy_metrics, findings
 from jbench.core.schema import ProfileConfig
 from jbench.device.local import LocalConnection
@@ -50,7 +52,7 @@ def test_emc_underused_while_gpu_busy():
 
 def test_thermal_throttling_by_limit_and_by_falling_clock():
     hot = _series(temp_max_c=101.0, gpu_load_pct=99.0, gpu_freq_mhz=624.0)
-    assert "thermal_throttling" in _codes(hot, profile={"throttle_temp_c": 99.0})
+    assert "thermal_throttling" in _codes(hot, profile=ProfileConfig(throttle_temp_c=99.0))
     falling = _series(gpu_load_pct=99.0, gpu_freq_mhz=lambda i: 1300.0 if i < 25 else 900.0, temp_max_c=70.0)
     found = findings(falling, [DECODE])
     assert any(f.code == "thermal_throttling" and f.evidence["gpu_freq_last_mhz"] == 900.0 for f in found)

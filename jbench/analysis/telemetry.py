@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from jbench.core.results import Finding
+from jbench.core.schema import ProfileConfig
 from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
 
 
@@ -218,7 +219,7 @@ def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: E
     return metrics, tags
 
 
-def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Optional[dict] = None,
+def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Optional[ProfileConfig] = None,
              requested_mode: Optional[str] = None, actual_mode: Optional[str] = None) -> list[Finding]:
     """Named diagnoses with their evidence (docs/metrics.md, "Findings", lists them)."""
     out: list[Finding] = []
@@ -249,7 +250,7 @@ def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Option
                                "sit in pageable memory or the kernels are not bandwidth-efficient",
                                {"emc_load_pct_mean": statistics.fmean(emc_load), "gpu_load_pct_mean": statistics.fmean(gpu_load)}))
         temps = _inside(samples, decode, "temp_max_c")
-        limit = (profile or {}).get("throttle_temp_c")
+        limit = profile.throttle_temp_c if profile is not None else None
         if temps and limit is not None and max(temps) >= limit:
             out.append(Finding("thermal_throttling", f"temperature reached {max(temps):.1f} C (profile limit {limit:g} C) "
                                "during decode: clocks may be throttled", {"temp_max_c": max(temps), "limit_c": limit}))

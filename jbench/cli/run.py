@@ -87,10 +87,15 @@ def _fmt(value: Any, std: Any = None) -> str:
     return f"{v:.{digits}f}" if s is None else f"{v:.{digits}f} ± {s:.{digits}f}"
 
 
+def _backend_size(trial, key: str) -> Optional[Any]:
+    """A size (n_prompt, n_gen, repetitions) of the trial's backend config; None for a backend without it."""
+    return getattr(trial.cfg.backend, key) if hasattr(trial.cfg.backend, key) else None
+
+
 def _size(trials, key: str) -> Optional[Any]:
-    """A backend size (n_prompt, n_gen) shared by every trial, else None."""
-    values = {repr((t.config.get("backend") or {}).get(key)) for t in trials}
-    return (trials[0].config.get("backend") or {}).get(key) if len(values) == 1 else None
+    """A backend size shared by every trial, else None."""
+    values = {repr(_backend_size(t, key)) for t in trials}
+    return _backend_size(trials[0], key) if len(values) == 1 else None
 
 
 def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
@@ -99,11 +104,10 @@ def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
     keys = varying_keys(trials)
     rows = []
     for t, o in (zip([o.trial for o in outcomes], outcomes) if outcomes is not None else ((t, None) for t in trials)):
-        backend = t.config.get("backend") or {}
         row: dict[str, Any] = {"index": t.index, **{k: t.point.get(k) for k in keys}, "label": trial_label(t, keys),
                                "status": str(o.status) if o else status, "run_id": (o.run_id if o else None),
-                               "config_hash": t.config_hash, "n_prompt": backend.get("n_prompt"),
-                               "n_gen": backend.get("n_gen"), "repetitions": backend.get("repetitions")}
+                               "config_hash": t.config_hash,
+                               **{k: _backend_size(t, k) for k in ("n_prompt", "n_gen", "repetitions")}}
         if o is not None:
             row.update({"attempt": o.attempt, "device": o.device, "category": str(o.category) if o.category else None,
                         "error": o.error, "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
@@ -195,7 +199,7 @@ class _TrialProgress:
 
     def start(self, trial) -> None:
         label = escape(trial_label(trial, self.keys))
-        device = trial.config["device"]["name"]
+        device = trial.cfg.device.name
         if self.pool:  # a sweep over a device class: what each unit runs now
             self.running[device] = label
         if self.bar is not None:
@@ -444,6 +448,7 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
     from omegaconf import OmegaConf
 
     from jbench.config import ConfigError, compose, user_config_dirs
+    from jbench.core.schema import ModelConfig, typed
     from jbench.models.provision import SetupError, build_llamacpp, install_bundled_model
 
     def say(msg: str) -> None:
@@ -451,15 +456,15 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
 
     try:
         cfg, _ = compose(list(overrides), user_config_dirs(list(config_dirs)))
-        model = OmegaConf.to_container(cfg.model, resolve=True)
+        model = typed(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), where="model")
         started = time.monotonic()
         build = build_llamacpp(cuda, jobs, force, say)
         if not skip_model:
-            if model.get("source") != "bundled":
-                say(f"model '{model['name']}' is not a bundled model: nothing to install")
+            if model.source != "bundled":
+                say(f"model '{model.name}' is not a bundled model: nothing to install")
             else:
                 manifest = install_bundled_model(model, build, say)
-                for quant in [model["source_quant"], *model.get("ladder", [])]:
+                for quant in [model.source_quant, *model.ladder]:
                     entry = manifest["files"].get(quant)
                     if entry:
                         note = f"requantized from {entry['requantized_from']}" if entry.get("requantized_from") else "original"

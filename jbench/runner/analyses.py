@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from jbench.analysis.roofline import (LABEL_ABOVE_CEILING, RooflineError, decode_ceiling, kv_bytes_at_depth,
                                       kv_bytes_per_token, regime_label, weight_bytes_per_token)
 from jbench.analysis.stats import describe
 from jbench.core import metrics
 from jbench.core.results import BackendResult, Finding, Result
+from jbench.core.trial import TrialConfig
 from jbench.device.bandwidth import Bandwidth, trial_bandwidth
 from jbench.models.facts import read_gguf_header
 from jbench.models.store import ModelError, resolve_model_file
@@ -52,7 +53,19 @@ def ceiling_finding(decode_tps: float, ceiling_tps: float, bandwidth: Bandwidth,
         "implied_read_gbs": decode_tps * bytes_per_token / 1e9})
 
 
-def trial_roofline(config: dict, decode_tps: Optional[float],
+def _kv_types(backend: Any) -> tuple[str, str]:
+    """The KV-cache types a backend's config sets; a backend without the setting keeps its cache in F16."""
+    if hasattr(backend, "cache_type_k"):
+        return backend.cache_type_k, backend.cache_type_v
+    return "f16", "f16"
+
+
+def _depth(backend: Any) -> int:
+    """The context depth a backend's config decodes at; a backend without the setting decodes from an empty cache."""
+    return int(backend.depth) if hasattr(backend, "depth") else 0
+
+
+def trial_roofline(cfg: TrialConfig, decode_tps: Optional[float],
                    bandwidth: Union[Bandwidth, Callable[[], Bandwidth]]) -> Result:
     """roofline_* metrics, tags and the ceiling finding for a trial whose model file is readable here.
 
@@ -60,7 +73,7 @@ def trial_roofline(config: dict, decode_tps: Optional[float],
     roofline_fraction is decode / ceiling when that is at most 1; above 1 the ratio is only recorded as
     roofline_measured_over_ceiling, with the finding ceiling_below_measured."""
     try:
-        path, _ = resolve_model_file(config["model"])
+        path, _ = resolve_model_file(cfg.model)
     except ModelError as exc:
         return Result(tags={"roofline.status": str(exc)})
     if not Path(path).is_file():
@@ -71,11 +84,11 @@ def trial_roofline(config: dict, decode_tps: Optional[float],
     except RooflineError as exc:
         return Result(tags={"roofline.status": str(exc)})
     bw = bandwidth() if callable(bandwidth) else bandwidth
-    backend = config["backend"]
+    type_k, type_v = _kv_types(cfg.backend)
     weights = weight_bytes_per_token(model).total
-    kv_tok = kv_bytes_per_token(model.arch, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
-    depth = int(backend.get("depth", 0))
-    kv = kv_bytes_at_depth(model.arch, depth, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
+    kv_tok = kv_bytes_per_token(model.arch, type_k, type_v)
+    depth = _depth(cfg.backend)
+    kv = kv_bytes_at_depth(model.arch, depth, type_k, type_v)
     total = weights + kv.swa_aware
     out = Result(metrics={"roofline_weight_bytes_per_token": weights, "roofline_kv_bytes_per_token": kv_tok,
                           "roofline_bytes_per_token": total}, tags=bw.tags())
@@ -126,17 +139,16 @@ class Roofline(Stage):
         return ctx.backend_result is not None
 
     def run(self, ctx: TrialContext) -> None:
-        config = ctx.trial.config
+        cfg = ctx.cfg
         reported = ctx.backend_result.info.get("backends") if ctx.backend_result else None
 
         def bandwidth() -> Bandwidth:
             # The read rate of this trial's compute path in the state the trial ran in; measured once per
             # (device, probe, power state) when no calibration matches (device.auto_calibrate).
-            return trial_bandwidth(ctx.conn, config["device"], config.get("profile"), config["backend"],
-                                   str(reported) if reported else None,
-                                   auto_calibrate=bool(config["device"].get("auto_calibrate", True)))
+            return trial_bandwidth(ctx.conn, cfg.device, cfg.profile, cfg.backend,
+                                   str(reported) if reported else None, auto_calibrate=cfg.device.auto_calibrate)
 
-        ctx.record.merge(trial_roofline(config, ctx.record.metrics.get("decode_tps"), bandwidth))
+        ctx.record.merge(trial_roofline(cfg, ctx.record.metrics.get("decode_tps"), bandwidth))
 
 
 class Noise(Stage):

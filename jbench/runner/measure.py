@@ -38,7 +38,7 @@ def _phase_window(result: BackendResult, phase: str, source: str) -> Optional[Ph
 
 def _start_sampler(ctx: TrialContext) -> Sampler:
     tele = ctx.cfg.telemetry
-    sampler = make_sampler(tele.source, ctx.conn, ctx.trial.config["device"], ctx.trial.config.get("profile"),
+    sampler = make_sampler(tele.source, ctx.conn, ctx.cfg.device, ctx.cfg.profile,
                            int(tele.interval_ms), hwmon_interval_ms=int(tele.hwmon_interval_ms))
     if isinstance(sampler, NoSampler):
         return sampler
@@ -112,7 +112,7 @@ def measure(ctx: TrialContext) -> None:
     if getattr(sampler, "power_field", None):
         tags["telemetry.power_field"] = sampler.power_field
     tags.update(sampler.telemetry_tags())  # which rails made the total, and the sensor's own settings
-    found = findings(samples, windows, profile=trial.config.get("profile"), requested_mode=ctx.cfg.power.mode,
+    found = findings(samples, windows, profile=ctx.cfg.profile, requested_mode=ctx.cfg.power.mode,
                      actual_mode=ctx.actual_mode) + found_speed
     artifacts["telemetry/samples.csv"] = samples_csv(samples)
     artifacts["telemetry/windows.json"] = json.dumps([w.__dict__ for w in windows], indent=2)
@@ -221,17 +221,17 @@ def _energy_settings(ctx: TrialContext) -> EnergySettings:
 
 def _start_wall(ctx: TrialContext) -> Optional[_Wall]:
     """Start the wall meter (after a ranging run for PTDaemon); a meter that fails never fails the trial."""
-    section = dict(ctx.trial.config.get("wall_power") or {})
-    source = section.get("source") or "none"
+    section = ctx.cfg.wall_power
+    source = section.source
     if source == "none":
         return None
     sampler: Optional[WallSampler] = None
     try:
         sampler = make_wall_sampler(section)
         assert sampler is not None
-        before = measure_clock_offset(ctx.conn, int(section.get("clock_rounds") or 8))
+        before = measure_clock_offset(ctx.conn, section.clock_rounds)
         sampler.probe()
-        if isinstance(sampler, PtdSampler) and section.get("ranging", True):
+        if isinstance(sampler, PtdSampler) and section.ranging:
             ctx.log.info("wall power: PTDaemon ranging run (auto ranges, one run of the workload)")
             sampler.ranging_run(lambda: ctx.backend.run(ctx.trial, ctx.conn, ctx.log))
         sampler.start()
@@ -279,9 +279,9 @@ def _wall_result(ctx: TrialContext, wall: Optional[_Wall], windows: list[PhaseWi
     if sampler is None or before is None:
         tags["wall.status"] = wall.problem
         return Result(tags=tags)
-    section = ctx.trial.config.get("wall_power") or {}
+    section = ctx.cfg.wall_power
     try:
-        after: Optional[ClockOffset] = measure_clock_offset(ctx.conn, int(section.get("clock_rounds") or 8))
+        after: Optional[ClockOffset] = measure_clock_offset(ctx.conn, section.clock_rounds)
     except ConnectionLost:
         raise
     except DeviceError as exc:

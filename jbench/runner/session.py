@@ -17,14 +17,15 @@ config, each backend's build id, each model file's digest and whether it is on t
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from jbench.backends.base import Backend, backend_class
-from jbench.core.schema import PowerConfig
+from jbench.core.schema import DeviceConfig, ModelConfig, PowerConfig, ProfileConfig, typed
 from jbench.device.connect import connect
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.fingerprint import host_fingerprint
@@ -63,14 +64,14 @@ class StepEvent:
     error: Optional[str] = None
 
 
-def profile_mismatch(profile: Optional[dict], module: Optional[str]) -> Optional[str]:
+def profile_mismatch(profile: Optional[ProfileConfig], module: Optional[str]) -> Optional[str]:
     """Why the device's device-tree model does not fit its profile, or None (no model or no rule: no verdict)."""
-    if not profile or not module or not profile.get("model_match"):
+    if profile is None or not module or not profile.model_match:
         return None
-    if any(m.lower() in module.lower() for m in profile["model_match"]):
+    if any(m.lower() in module.lower() for m in profile.model_match):
         return None
-    return (f"its device-tree model is '{module}', but its profile '{profile.get('name')}' is for "
-            f"{profile.get('module')} (model_match {list(profile['model_match'])})")
+    return (f"its device-tree model is '{module}', but its profile '{profile.name}' is for "
+            f"{profile.module} (model_match {list(profile.model_match)})")
 
 
 def power_state_tags(snap: Any, changes: list[str]) -> dict[str, str]:
@@ -115,12 +116,13 @@ def _step(allowed: tuple[State, ...], after: Optional[State] = None) -> Callable
 class DeviceSession:
     """One device, held from connect to close. Use as a context manager, or call close() in a finally."""
 
-    def __init__(self, device: dict, profile: Optional[dict] = None, *, owner: str,
+    def __init__(self, device: DeviceConfig | Mapping[str, Any],
+                 profile: Optional[ProfileConfig | Mapping[str, Any]] = None, *, owner: str,
                  reboot_consent: bool = False, on_step: Optional[Callable[[StepEvent], None]] = None,
                  logger: Optional[logging.Logger] = None):
-        self.device = device
-        self.name: str = device["name"]
-        self.profile = profile
+        self.cfg: DeviceConfig = typed(DeviceConfig, device, where="device")
+        self.name = self.cfg.name
+        self.profile: Optional[ProfileConfig] = typed(ProfileConfig, profile, where="profile") if profile else None
         self.owner = owner  # the sweep id the lease and the power-state file name
         self.reboot_consent = reboot_consent  # some trial on this device set power.allow_reboot=true
         self.listeners: list[Callable[[StepEvent], None]] = [on_step] if on_step else []
@@ -165,16 +167,16 @@ class DeviceSession:
         the device tree. Returns the problems found (empty: the state is CONNECTED; else the link is closed again)."""
         problems: list[str] = []
         try:
-            conn = connect(self.device)
+            conn = connect(self.cfg)
         except DeviceError as exc:
             return [str(exc)]
         try:
             self.fingerprint = host_fingerprint(conn)
-            if self.device.get("profile"):
-                self.fingerprint.update(jetson_fingerprint(conn, self.device["paths"]))
-                self.strategy = PowerStrategy(conn, self.device, self.log, sweep_id=self.owner, profile=self.profile)
+            if self.cfg.profile:
+                self.fingerprint.update(jetson_fingerprint(conn, self.cfg.paths))
+                self.strategy = PowerStrategy(conn, self.cfg, self.log, sweep_id=self.owner, profile=self.profile)
                 mismatch = profile_mismatch(self.profile, self.fingerprint.get("jetson.module"))
-                if mismatch and not self.device.get("allow_profile_mismatch"):
+                if mismatch and not self.cfg.allow_profile_mismatch:
                     problems.append(f"device '{self.name}': {mismatch}. Fix device.profile, or set "
                                     f"device.allow_profile_mismatch=true to run it anyway")
                 elif mismatch:
@@ -192,8 +194,8 @@ class DeviceSession:
     @_step((State.CONNECTED,), after=State.LEASED)
     def lease(self, wait_s: float = 0.0) -> None:
         """Hold the device with an on-device lease (heartbeat) or raise LeaseBusy (a DeviceError) naming its holder."""
-        lease = DeviceLease(self.connection, self.device, self.owner,
-                            stale_s=float(self.device.get("lease_stale_s") or 120.0), log=self.log)
+        lease = DeviceLease(self.connection, dataclasses.asdict(self.cfg), self.owner, stale_s=self.cfg.lease_stale_s,
+                            log=self.log)
         lease.acquire(wait_s, on_wait=lambda msg: self.log.warning("%s", msg))
         self.lease_ = lease
 
@@ -275,28 +277,29 @@ class DeviceSession:
 
     # -- what the held device knows ----------------------------------------------------------------
 
-    def backend(self, config: dict) -> Backend:
-        """One backend instance per distinct backend config on this device (a pool's units never share one)."""
-        key = repr(sorted(config.items()))
+    def backend(self, config: Any) -> Backend:
+        """One backend instance per distinct backend config (its CONFIG object) on this device (a pool's units
+        never share one)."""
+        key = repr(config)
         if key not in self._backends:
-            self._backends[key] = backend_class(config["name"])(config)
+            self._backends[key] = backend_class(config.name)(config)
         return self._backends[key]
 
-    def build_id(self, config: dict) -> Optional[str]:
+    def build_id(self, config: Any) -> Optional[str]:
         """The backend build on the device (read once per backend config)."""
-        key = repr(sorted(config.items()))
+        key = repr(config)
         if key not in self._builds:
             self._builds[key] = self.backend(config).build_id(self.connection)
         return self._builds[key]
 
-    def model_digest(self, model: dict) -> Optional[str]:
+    def model_digest(self, model: ModelConfig) -> Optional[str]:
         """SHA-256 of the model file on the device (once per model section)."""
-        key = repr(sorted((k, repr(v)) for k, v in model.items()))
+        key = repr(model)
         if key not in self._digests:
             self._digests[key] = model_digest(model, self.connection)
         return self._digests[key]
 
-    def model_missing(self, model: dict) -> Optional[str]:
+    def model_missing(self, model: ModelConfig) -> Optional[str]:
         """A model file missing on a remote device, found before anything runs (a local one: at planning)."""
         conn = self.connection
         if conn.is_local:
@@ -319,16 +322,16 @@ class PowerModesError(DeviceError):
 _DEVICE_MODES_CACHE: dict[str, list[str]] = {}  # per device entry, for the group loop of one plan
 
 
-def device_power_modes(device: dict) -> list[str]:
+def device_power_modes(device: Mapping[str, Any]) -> list[str]:
     """The mode names of the device's own /etc/nvpmodel.conf, by id (one read-only command on the device, while a
     sweep is planned: `"@device.power_modes"`). PowerModesError when the device cannot be read."""
-    name = device.get("name", "?")
-    key = repr((name, device.get("kind"), device.get("host"), device.get("port"), device.get("paths")))
+    cfg = typed(DeviceConfig, device, where="device")
+    key = repr((cfg.name, cfg.kind, cfg.host, cfg.port, cfg.paths))
     if key not in _DEVICE_MODES_CACHE:
         try:
-            with connect(device) as conn:
-                modes = read_power_modes(conn, (device.get("paths") or {}).get("nvpmodel_conf", "/etc/nvpmodel.conf"))
+            with connect(cfg) as conn:
+                modes = read_power_modes(conn, cfg.paths.nvpmodel_conf)
         except DeviceError as exc:
-            raise PowerModesError(f"@device.power_modes reads the power modes from device '{name}': {exc}") from None
+            raise PowerModesError(f"@device.power_modes reads the power modes from device '{cfg.name}': {exc}") from None
         _DEVICE_MODES_CACHE[key] = [n for n, _ in sorted(modes.items(), key=lambda kv: kv[1])]
     return list(_DEVICE_MODES_CACHE[key])

@@ -68,9 +68,9 @@ class DeviceState(Stage):
         return ctx.cfg.device.profile is not None
 
     def run(self, ctx: TrialContext) -> None:
-        paths = ctx.trial.config["device"]["paths"]
+        paths = ctx.cfg.device.paths
         tags = jetson_fingerprint(ctx.conn, paths)
-        boot = ctx.conn.run(["cat", paths["boot_id"]], timeout=30)
+        boot = ctx.conn.run(["cat", paths.boot_id], timeout=30)
         if boot.ok and boot.stdout.strip():
             boot_id = boot.stdout.strip()
             tags["jetson.boot_id"] = boot_id

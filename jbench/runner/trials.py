@@ -67,14 +67,14 @@ def preflight(session: DeviceSession, trials: list[Trial], *, skip_unavailable: 
             out.problems.append(msg)
 
     for trial in trials:
-        backend_cfg = trial.config["backend"]
-        key = repr(sorted(backend_cfg.items()))
+        cfg = trial.cfg
+        backend_cfg = cfg.backend
+        key = repr(backend_cfg)
         if key not in checked:
             checked[key] = session.backend(backend_cfg).preflight(session.connection) if check_backend else []
         msgs = checked[key]
         if msgs and skip_unavailable:
-            note = (f"dropped {trial.label}: backend {backend_cfg['name']} not available on '{session.name}': "
-                    f"{msgs[0]}")
+            note = f"dropped {trial.label}: backend {backend_cfg.name} not available on '{session.name}': {msgs[0]}"
             if note not in out.notes:
                 out.notes.append(note)
             continue
@@ -82,25 +82,24 @@ def preflight(session: DeviceSession, trials: list[Trial], *, skip_unavailable: 
             problem(msg)
         if not msgs:
             if check_backend:
-                build, digest = session.build_id(backend_cfg), session.model_digest(trial.config["model"])
+                build, digest = session.build_id(backend_cfg), session.model_digest(cfg.model)
                 out.identities[trial.index] = TrialIdentity(
                     trial_identity(identity_config(trial), build=build, model_digest=digest), build, digest)
             if session.backend(backend_cfg).reads_model_file(trial) and \
-                    (msg := session.model_missing(trial.config["model"])) is not None:
+                    (msg := session.model_missing(cfg.model)) is not None:
                 problem(msg)
-        if trial.wants_power_control:
+        if cfg.wants_power_control:
             if session.strategy is None:
                 problem(f"trial {trial.label} sets power.* but device '{session.name}' has no Jetson profile "
                         "(set device.profile)")
                 continue
-            mode = trial.config["power"].get("mode")
-            if mode is not None:
+            if cfg.power.mode is not None:
                 try:
-                    session.strategy.mode_id(mode)
+                    session.strategy.mode_id(cfg.power.mode)
                 except DeviceError as exc:
                     problem(str(exc))
         out.keep.append(trial)
-    if not out.problems and session.strategy is not None and any(t.wants_power_control for t in out.keep):
+    if not out.problems and session.strategy is not None and any(t.cfg.wants_power_control for t in out.keep):
         try:
             session.strategy.check_sudo()
         except DeviceError as exc:
@@ -149,12 +148,15 @@ _STAGE_ERRORS = (PowerStateError, BackendError, DeviceError)  # ConnectionLost i
 
 def trial_note(trial: Trial, experiment: str) -> str:
     """A child run's description: what ran, in words."""
-    b, m, d = trial.config["backend"], trial.config["model"], trial.config["device"]
-    what = (f"{m.get('display_name') or m['name']} {m['quant']} with {b['name']} on device '{d['name']}': "
-            f"prompt {b.get('n_prompt')} tokens, {b.get('n_gen')} generated")
-    if b.get("depth"):
-        what += f", at depth {b['depth']}"
-    what += f", {b.get('repetitions')} repetition(s)"
+    cfg = trial.cfg
+    b, m = cfg.backend, cfg.model
+    # Sizes as the backend's config has them (every llama-bench-like backend has these; others may not).
+    sizes = {k: getattr(b, k, None) for k in ("n_prompt", "n_gen", "depth", "repetitions")}
+    what = (f"{m.display_name or m.name} {m.quant} with {b.name} on device '{cfg.device.name}': "
+            f"prompt {sizes['n_prompt']} tokens, {sizes['n_gen']} generated")
+    if sizes["depth"]:
+        what += f", at depth {sizes['depth']}"
+    what += f", {sizes['repetitions']} repetition(s)"
     if trial.rounds > 1:
         what += f" (round {trial.round} of {trial.rounds})"
     return f"Trial {trial.index} of {experiment or 'the sweep'}: {trial.short_label}. {what}."
@@ -215,7 +217,7 @@ class TrialRunner:
             tags.update({k: v for k, v in (("jbench.identity", identity.hash), ("jbench.build", identity.build),
                                            ("jbench.model_digest", identity.model_digest)) if v})
         try:
-            _, model_facts = resolve_model_file(run_as.config["model"])
+            _, model_facts = resolve_model_file(run_as.cfg.model)
             tags.update(model_facts)
         except ModelError:  # the backend reports a missing model as the trial's failure
             pass
@@ -237,8 +239,7 @@ class TrialRunner:
         artifacts = {"config.yaml": yaml.safe_dump(run_as.config, sort_keys=False)}
         quiet = self.recorder.quiet if session.connection.is_local else None
         while True:
-            ctx = TrialContext(run_as, cfg, session, session.backend(run_as.config["backend"]), tlog.logger,
-                               max_cv=self.max_cv)
+            ctx = TrialContext(run_as, cfg, session, session.backend(cfg.backend), tlog.logger, max_cv=self.max_cv)
             if quiet is not None:
                 ctx.quiet = quiet
             try:

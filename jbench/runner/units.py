@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from jbench.core.schema import DeviceConfig, FarmConfig, typed
+
 log = logging.getLogger("jbench")
 
 
@@ -31,8 +33,11 @@ class Pool:
     coordinator: Optional[str] = None
     selector: dict = field(default_factory=dict)
     count: Optional[int] = None
-    farm: dict = field(default_factory=dict)  # the farm section (heartbeat, timeouts, quarantine)
+    farm: FarmConfig = field(default_factory=FarmConfig)  # heartbeat, timeouts, quarantine (a plain section is typed)
     config_dirs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.farm = typed(FarmConfig, self.farm, where="farm")
 
     @property
     def name(self) -> str:
@@ -49,10 +54,10 @@ class Units:
 
     def tags(self, pool: Pool, name: str, fingerprint: dict[str, str]) -> dict[str, str]:
         """Who ran a pool trial: the unit, its class, host, serial when the fingerprint has one, its farm place."""
-        unit = next((u for u in self.devices if u["name"] == name), {})
+        unit = next((typed(DeviceConfig, u, where="device") for u in self.devices if u.get("name") == name), None)
         tags = {"device.unit": name, "device.class": pool.device_class}
-        if unit.get("host"):
-            tags["device.host"] = f"{unit['host']}:{unit.get('port', 22)}"
+        if unit is not None and unit.host:
+            tags["device.host"] = f"{unit.host}:{unit.port}"
         if fingerprint.get("jetson.serial"):
             tags["device.serial"] = fingerprint["jetson.serial"]
         if name in self.places:
@@ -83,10 +88,9 @@ def take_units(pool: Pool, stack: contextlib.ExitStack, owner: str) -> Units:
                                  "(see `jbench farm list`)")
         f = pool.farm
         leased = stack.enter_context(farm.lease(
-            pool.coordinator, pool.selector, count=count, priority=float(f.get("priority") or 0.0),
-            sweep_id=owner, config_dirs=pool.config_dirs, heartbeat_s=float(f.get("heartbeat_s") or 10.0),
-            stale_after_s=float(f.get("stale_after_s") or 300.0), reserve_timeout_s=f.get("reserve_timeout_s"),
-            on_wait=lambda msg: log.warning("farm: %s", msg)))
+            pool.coordinator, pool.selector, count=count, priority=f.priority, sweep_id=owner,
+            config_dirs=pool.config_dirs, heartbeat_s=f.heartbeat_s, stale_after_s=f.stale_after_s,
+            reserve_timeout_s=f.reserve_timeout_s, on_wait=lambda msg: log.warning("farm: %s", msg)))
     except (FarmError, CoordinatorError) as exc:  # no coordinator, no free place in time: nothing ran
         raise UnitsError(f"the farm gave no unit of {pool.name}: {exc}") from None
     return Units([dict(d) for d in leased.devices], {d["name"]: p for p, d in zip(leased.places, leased.devices)},

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from jbench.core import paths
+from jbench.core.schema import DeviceConfig
 
 if TYPE_CHECKING:
     from jbench.device.connection import Connection
@@ -136,16 +137,16 @@ class Build:
     bin_dir: Optional[str] = None
     commit: Optional[str] = None
     # builds it for the device (its connection and config) and returns its bin dir there
-    make: Optional[Callable[["Connection", dict], str]] = None
+    make: Optional[Callable[["Connection", "DeviceConfig"], str]] = None
     # a --builds directory not looked into yet: on a remote device it is found once the device is connected
     directory: Optional[str] = None
     commit_seen: Optional[str] = None  # the commit its llama-bench reported when measured
 
-    def resolve(self, conn: Optional["Connection"] = None, device: Optional[dict] = None) -> str:
+    def resolve(self, conn: Optional["Connection"] = None, device: Optional["DeviceConfig"] = None) -> str:
         if self.bin_dir is None and self.make is not None:
             if conn is None:
                 raise BisectError(f"build {self.label} is built for a device: no device connection given")
-            self.bin_dir = self.make(conn, device or {})
+            self.bin_dir = self.make(conn, device if device is not None else DeviceConfig())
         if self.bin_dir is None:
             raise BisectError(f"build {self.label} has no directory")
         return self.bin_dir
@@ -288,7 +289,7 @@ def _device_step(conn: "Connection", log_path: str, argv: list[str], short: str,
                           f"failed (exit {res.returncode}); full log on the device: {log_path}\n{tail}")
 
 
-def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
+def build_commit_on_device(conn: "Connection", device: "DeviceConfig", repo: str, commit: str, say: Say,
                            jobs: Optional[int] = None) -> str:
     """llama-bench of `commit` built ON the device: `git archive` here, sent over SFTP, configured with `jbench
     setup`'s CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
@@ -306,7 +307,7 @@ def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: 
                               "(Debian/Ubuntu: apt-get install build-essential cmake) to build commits on it")
     nvcc, why = device_cuda(conn)
     machine = conn.run(["uname", "-m"], timeout=30).stdout.strip() or "unknown"
-    state_dir = ((device.get("paths") or {}).get("state_dir") or "~/.cache/jbench").rstrip("/")
+    state_dir = device.paths.state_dir.rstrip("/")
     root = conn.expand_path(f"{state_dir}/llama.cpp/bisect-{short}-{'cuda' if nvcc else 'cpu'}-{machine}")
     bin_dir, src, build, log_path = f"{root}/bin", f"{root}/src", f"{root}/build", f"{root}/build.log"
     if conn.run(["test", "-x", f"{bin_dir}/llama-bench"], timeout=30).returncode == 0:
@@ -341,7 +342,7 @@ def build_commit_on_device(conn: "Connection", device: dict, repo: str, commit: 
     return bin_dir
 
 
-def build_for_device(conn: "Connection", device: dict, repo: str, commit: str, say: Say,
+def build_for_device(conn: "Connection", device: "DeviceConfig", repo: str, commit: str, say: Say,
                      jobs: Optional[int] = None) -> str:
     """A commit's llama-bench where the bisection measures: built here for a local device, on the device for a
     remote one."""
@@ -412,13 +413,13 @@ class Bisector:
         self.repetitions, self.max_repetitions = repetitions, max_repetitions
         self.trial = self._trial(self.builds[0].bin_dir or "")
         self._tracker_factory = tracker_factory
-        self.device: dict = self.trial.config["device"]
+        self.device: DeviceConfig = self.trial.cfg.device
         # Leases and the power-state file on the device name this bisection.
         self.bisect_id = time.strftime("%Y%m%d-%H%M%S-bisect-") + uuid.uuid4().hex[:6]
         self.session: Any = None  # the device's DeviceSession while run() holds it
         self.runner: Any = None  # the run layer's TrialRunner while run() holds the device
         self.recorder: Any = None
-        if self.device.get("kind", "local") == "local":
+        if self.device.kind == "local":
             locate_dirs(self.builds)  # on this machine: bad --builds are found before anything else
 
     def _trial(self, bin_dir: str, repetitions: Optional[int] = None):
@@ -433,19 +434,19 @@ class Bisector:
         except ConfigError as exc:
             raise BisectError(str(exc)) from None
         if p.problems:
-            if len(p.trials) == 1 and p.trials[0].config["device"].get("kind", "local") == "local":
+            if len(p.trials) == 1 and p.trials[0].cfg.device.kind == "local":
                 locate_dirs(self.builds)  # a wrong --builds directory is named first, as before the configuration
             raise BisectError("the configuration cannot run: " + "; ".join(p.problems))
         if len(p.trials) != 1:
             raise BisectError(f"the failing configuration must be one trial, the overrides give {len(p.trials)}: "
                               "drop comma lists and experiment grids")
         trial = p.trials[0]
-        if trial.config["backend"]["name"] != "llamacpp":
+        if trial.cfg.backend.name != "llamacpp":
             raise BisectError("bisect measures llama.cpp builds: use backend=llamacpp")
         if p.pool is not None:
             raise BisectError("bisect measures on one device: name it with device=NAME, not a device class (@CLASS)")
         phase = METRICS[self.metric]
-        n = trial.config["backend"]["n_gen" if phase == "decode" else "n_prompt"]
+        n = trial.cfg.backend.n_gen if phase == "decode" else trial.cfg.backend.n_prompt
         if not n:
             raise BisectError(f"--metric {self.metric} needs backend.{'n_gen' if phase == 'decode' else 'n_prompt'} > 0")
         self.plan = p
@@ -484,9 +485,8 @@ class Bisector:
         from jbench.runner.trials import preflight
 
         trial = self.trial
-        power = trial.config.get("power") or {}
-        session = DeviceSession(self.device, trial.config.get("profile"), owner=self.bisect_id,
-                                reboot_consent=bool(power.get("allow_reboot")))
+        session = DeviceSession(self.device, trial.cfg.profile, owner=self.bisect_id,
+                                reboot_consent=trial.cfg.power.allow_reboot)
         try:
             problems = session.connect()
             if problems:
@@ -495,8 +495,8 @@ class Bisector:
             found = preflight(session, [trial], check_backend=False)
             if found.problems:
                 raise BisectError("\n".join(found.problems))
-            session.lease(float(self.device.get("lease_wait_s") or 0.0))
-            session.save(trial.wants_power_control)
+            session.lease(self.device.lease_wait_s)
+            session.save(trial.cfg.wants_power_control)
             self.session = session
             yield session
         except DeviceError as exc:  # the lease: another controller holds the device; a link that went
@@ -544,12 +544,12 @@ class Bisector:
             self.recorder.open_sweep(
                 run_name=f"bisect {wall_time()}",
                 params={"bisect.overrides": " ".join(self.overrides), "bisect.n_builds": n, "bisect.alpha": self.alpha,
-                        "bisect.metric": self.metric, "device.name": self.device["name"],
+                        "bisect.metric": self.metric, "device.name": self.device.name,
                         "bisect.builds": " ".join(b.label for b in self.builds)[:6000]},
                 tags={"jbench.kind": "bisect", "jbench.status": "RUNNING", "jbench.config_hash": self.trial.config_hash,
-                      "device.kind": self.device.get("kind", "local"),
-                      **({"device.host": f"{self.device['host']}:{self.device.get('port') or 22}"}
-                         if self.device.get("host") else {}), **session.fingerprint},
+                      "device.kind": self.device.kind,
+                      **({"device.host": f"{self.device.host}:{self.device.port}"} if self.device.host else {}),
+                      **session.fingerprint},
                 description="", resume=lambda t: None, leased=set())
             status = "FAILED"
             try:

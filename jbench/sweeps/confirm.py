@@ -63,6 +63,18 @@ class Confirmation:
         return f"{head} ({builds}; sweep {self.sweep_id}): " + "; ".join(c.describe() for c in self.changes)
 
 
+def _with_changes(config: dict, changes: dict[str, Any]) -> dict:
+    """A copy of a plain trial config with dotted keys set (the trial's typed view is made from it later)."""
+    out = copy.deepcopy(config)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, experiment: str) -> Plan:
     """The sweep that measures A and B interleaved on the target's unit: `pairs` rounds of [A, B]."""
     base = next((t for t in nightly.trials if t.config_hash == target.config_hash), None)
@@ -71,12 +83,12 @@ def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, 
     trials: list[Trial] = []
     for r in range(1, settings.pairs + 1):
         for which, build in ((PREVIOUS, target.previous), (NEW, target.new)):
-            config = copy.deepcopy(base.config)
-            config["backend"]["binary_dir"] = build.binary_dir
+            changes: dict[str, Any] = {"backend.binary_dir": build.binary_dir}
             if settings.repetitions:
-                config["backend"]["repetitions"] = settings.repetitions
+                changes["backend.repetitions"] = settings.repetitions
             elif base.rounds > 1:  # the nightly split its repetitions over rounds: a pair gets them all
-                config["backend"]["repetitions"] = base.config["backend"]["repetitions"] * base.rounds
+                changes["backend.repetitions"] = base.cfg.backend.repetitions * base.rounds
+            config = _with_changes(base.config, changes)
             trials.append(Trial(index=len(trials) + 1, config=config, choices=dict(base.choices),
                                 point={**base.point, BUILD_KEY: which}, config_hash=base.config_hash,
                                 round=r, rounds=settings.pairs))

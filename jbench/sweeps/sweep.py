@@ -74,13 +74,16 @@ def run_sweep(plan: Plan, tracker_factory: Callable[[], Tracker], *, every_unit:
 
 def _group_key(trial: Trial) -> tuple:
     """Trials a pool's unit runs back to back: the same power state and model (one switch, one load)."""
-    p, m = trial.config.get("power") or {}, trial.config["model"]
-    return (p.get("mode"), p.get("jetson_clocks"), p.get("fan"), m["name"], m["quant"], trial.round)
+    p, m = trial.cfg.power, trial.cfg.model
+    return (p.mode, p.jetson_clocks, p.fan, m.name, m.quant, trial.round)
 
 
 def _oom_key(trial: Trial) -> tuple:
-    b, m = trial.config["backend"], trial.config["model"]
-    return (trial.config["device"]["name"], m["name"], m["quant"], b.get("cache_type_k"), b.get("cache_type_v"))
+    """What an out-of-memory failure says about other trials: the device, the model file, the KV-cache types (a
+    backend without KV-type settings has none)."""
+    b, m = trial.cfg.backend, trial.cfg.model
+    kv = (b.cache_type_k, b.cache_type_v) if hasattr(b, "cache_type_k") else (None, None)
+    return (trial.cfg.device.name, m.name, m.quant, *kv)
 
 
 def skipped(trial: Trial, key: str, done: dict[str, dict], ooms: list[tuple[tuple, int, str]],
@@ -178,7 +181,7 @@ class _Sweep:
         if self.plan.pool is None:
             out: dict[str, list[Trial]] = {}
             for t in trials:
-                out.setdefault(t.config["device"]["name"], []).append(t)
+                out.setdefault(t.cfg.device.name, []).append(t)
             return out
         return {u["name"]: [self._on_unit(t, u) for t in trials] for u in self.units.devices}
 
@@ -188,14 +191,14 @@ class _Sweep:
         return dataclasses.replace(trial, config={**trial.config, "device": unit})
 
     def _reboot_consent(self, device_trials: list[Trial]) -> bool:
-        return any(bool((t.config.get("power") or {}).get("allow_reboot")) for t in device_trials)
+        return any(t.cfg.power.allow_reboot for t in device_trials)
 
     def _open_sessions(self, by_device: dict[str, list[Trial]]) -> list[str]:
         """Connect every device (side by side for a pool's units); the problems found."""
         problems: list[str] = []
         for name, trials in by_device.items():
-            first = trials[0].config
-            self.sessions[name] = DeviceSession(first["device"], first.get("profile"), owner=self.sweep_id,
+            first = trials[0].cfg
+            self.sessions[name] = DeviceSession(first.device, first.profile, owner=self.sweep_id,
                                                 reboot_consent=self._reboot_consent(trials))
 
         def open_(session: DeviceSession) -> None:
@@ -272,7 +275,7 @@ class _Sweep:
 
         def lease(session: DeviceSession) -> None:
             try:
-                session.lease(float(session.device.get("lease_wait_s") or 0.0))
+                session.lease(session.cfg.lease_wait_s)
             except DeviceError as exc:
                 raise PreflightError(str(exc)) from None
 
@@ -281,13 +284,12 @@ class _Sweep:
         # finished meanwhile instead of measuring it again.
         done = self._finished(uri, exp_name)
         by_device = self._device_trials(runnable)
-        sched.each(lambda s: s.save(any(t.wants_power_control for t in by_device[s.name])), sessions)
+        sched.each(lambda s: s.save(any(t.cfg.wants_power_control for t in by_device[s.name])), sessions)
         return self._record(runnable, done, exp_name, uri)
 
     def _record(self, trials: list[Trial], done: dict[str, dict], exp_name: str, uri: str) -> SweepOutcome:
         plan = self.plan
-        experiment = (trials[0].config.get("experiment") or {}) if trials else {}
-        description = str(experiment.get("description") or "").strip()
+        description = trials[0].cfg.experiment.description.strip() if trials else ""
         common = {"jbench.version": JBENCH_VERSION, "jbench.git_sha": git_sha(),
                   "jbench.protocol_version": PROTOCOL_VERSION, "jbench.controller": controller_id(),
                   **source_tags(sys.argv, git_sha())}
@@ -372,7 +374,7 @@ class _Sweep:
             skipped.device = unit
             attempts = [skipped]
         else:
-            session = self.sessions[run_as.config["device"]["name"]]
+            session = self.sessions[run_as.cfg.device.name]
             attempts = runner.run(trial, session, identity=self.identities.get(trial.index), run_as=run_as,
                                   unit=unit)
         last = attempts[-1]
@@ -442,7 +444,7 @@ class _Sweep:
         unit.failures = unit.failures + 1 if device_failure else 0
         farm = self.units.farm
         if farm is not None and outcome.status in (Status.FINISHED, Status.FAILED):
-            after = int(self.plan.pool.farm.get("quarantine_after_failures") or 0)
+            after = self.plan.pool.farm.quarantine_after_failures
             try:
                 with self.scheduler.lock:
                     if farm.record_trial(unit.name, device_failure=device_failure, quarantine_after=after):
@@ -451,7 +453,8 @@ class _Sweep:
                 log.warning("farm: recording the trial of %s failed: %s", unit.name, exc)
         if device_failure:  # a unit that no longer answers gets no further trial
             try:
-                self.sessions[unit.name].reconnect(float(unit.value.get("connect_timeout_s") or 10.0))
+                session = self.sessions[unit.name]
+                session.reconnect(session.cfg.connect_timeout_s)
             except DeviceError as exc:
                 return f"unreachable ({exc})"
         limit = max(1, self.plan.sweep.drop_device_after)
@@ -559,11 +562,11 @@ class Estimate:
 def _local_identities(plan: Plan) -> dict[int, TrialIdentity]:
     """The identity of each trial on this machine (read-only: the backend build and the model files are looked at,
     nothing is leased or changed). Trials on other devices are left out."""
-    local = [t for t in plan.trials if (t.config["device"].get("kind") or "local") == "local"]
+    local = [t for t in plan.trials if t.cfg.device.kind == "local"]
     if not local or plan.pool is not None:
         return {}
-    first = local[0].config
-    with DeviceSession(first["device"], first.get("profile"), owner="dry-run") as session:
+    first = local[0].cfg
+    with DeviceSession(first.device, first.profile, owner="dry-run") as session:
         if session.connect():
             return {}
         return preflight(session, local).identities
