@@ -150,13 +150,14 @@ def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llam
 def assert_fast_fast_slow_slow_steps(runs: list, parent, commit: str) -> list:
     """The step runs of a bisection of [fast, fast, slow, slow]: the good end, the bad end, then the midpoints of
     [0, 3]: 1 (good), 2 (bad); each the real build's commit and a measured decode, the slow end slower."""
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
-                      key=lambda r: int(r.data.tags["bisect.step"]))
+    runs_of_steps = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                           key=lambda r: (int(r.data.tags["bisect.step"]), r.info.start_time))
+    for r in runs_of_steps:  # every measurement is a trial run of its own (an end measured for more repetitions: two)
+        assert r.data.tags["jbench.kind"] == "bisect_step" and r.data.tags["backend.build_commit"] == commit
+        assert r.data.metrics["decode_tps"] > 0 and r.data.tags["jbench.status"] == "FINISHED"
+    children = list({r.data.tags["bisect.step"]: r for r in reversed(runs_of_steps)}.values())[::-1]
     assert [(r.data.tags["bisect.index"], r.data.tags["bisect.verdict"]) for r in children] == \
         [("0", "good"), ("3", "bad"), ("1", "good"), ("2", "bad")]
-    for r in children:
-        assert r.data.tags["backend.build_commit"] == commit
-        assert r.data.metrics["decode_tps"] > 0
     assert children[1].data.metrics["decode_tps"] < children[0].data.metrics["decode_tps"]
     return children
 

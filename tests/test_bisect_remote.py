@@ -158,7 +158,7 @@ def test_remote_bisect_over_git_commits_uses_the_device_build_cache(orin_nano_su
                    key=lambda r: int(r.data.tags["bisect.step"]))
     assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
         [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
-    assert all(r.data.params["backend.binary_dir"].startswith(str(cache)) for r in steps)
+    assert all(r.data.tags["backend.binary_dir"].startswith(str(cache)) for r in steps)
 
 
 @pytest.mark.ssh

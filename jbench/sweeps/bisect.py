@@ -530,6 +530,7 @@ class Bisector:
         from jbench.core.protocol import PROTOCOL_VERSION
         from jbench.core.provenance import JBENCH_VERSION
         from jbench.runner.recorder import Recorder, controller_id, wall_time
+        from jbench.runner.session import power_state_tags
         from jbench.runner.stages import default_stages
         from jbench.runner.trials import TrialRunner
 
@@ -569,6 +570,9 @@ class Bisector:
                                  or (fb.commit or "")})
                 if res.message:
                     tags["bisect.message"] = res.message[:5000]
+                strategy = session.strategy
+                if strategy is not None and strategy.last is not None:  # the state every step was verified in
+                    tags.update({k: v for k, v in power_state_tags(strategy.last, []).items() if k != "power.changes"})
                 if status != "KILLED":
                     self.recorder.end_sweep(status, tags, None)
                 try:
