@@ -147,7 +147,8 @@ def test_planning_is_linear_and_hash_stable():
 
 def _trial(depth, quant="Q4_0"):
     cfg = {"device": {"name": "d"}, "model": {"name": "m", "quant": quant},
-           "backend": {"depth": depth, "n_prompt": 16, "n_gen": 4, "cache_type_k": "f16", "cache_type_v": "f16"}}
+           "backend": {"name": "llamacpp", "depth": depth, "n_prompt": 16, "n_gen": 4, "cache_type_k": "f16",
+                       "cache_type_v": "f16"}}
     return Trial(1, cfg, {}, {}, "h")
 
 
