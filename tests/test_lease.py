@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from jbench.core.schema import DeviceConfig, DevicePaths
 from jbench.device.connection import DeviceError
 from jbench.device.lease import DeviceLease, LeaseBusy
 from jbench.device.local import LocalConnection
@@ -76,6 +77,22 @@ def test_a_lease_from_another_host_counts_until_its_heartbeat_is_stale(tmp_path)
     old = time.time() - 120  # its controller stopped beating two minutes ago (the device's clock)
     os.utime(lease_file, (old, old))
     lease = DeviceLease(conn, _device(tmp_path), "near", stale_s=60)
+    lease.acquire(0)
+    assert json.loads(lease_file.read_text())["sweep_id"] == "near"
+    lease.release()
+
+
+def test_a_device_config_gives_the_lease_its_place_and_its_stale_time(tmp_path):
+    # The typed device entry, as `jbench devices restore` passes it: lease_stale_s and paths.state_dir are read there.
+    device = DeviceConfig(name="board", paths=DevicePaths(state_dir=str(tmp_path / "state")), lease_stale_s=60)
+    lease_file = tmp_path / "state" / "lease-board.json"
+    lease_file.parent.mkdir(parents=True)
+    lease_file.write_text(json.dumps({"host": "ci-runner-7", "pid": 4242, "sweep_id": "far", "token": "x"}))
+    old = time.time() - 90  # stale after the device's 60 s, live under the schema's default of 120 s
+    os.utime(lease_file, (old, old))
+    with pytest.raises(LeaseBusy, match="ci-runner-7"):
+        DeviceLease(LocalConnection("board"), _device(tmp_path), "near").acquire(0)
+    lease = DeviceLease(LocalConnection("board"), device, "near")
     lease.acquire(0)
     assert json.loads(lease_file.read_text())["sweep_id"] == "near"
     lease.release()

@@ -89,6 +89,24 @@ def test_quantized_v_cache_needs_flash_attention():
     assert any("needs flash attention" in m for m in p.problems)
 
 
+def test_capabilities_are_checked_on_the_backends_own_config():
+    kv = plan(["model.quant=Q4_0", "backend.cache_type_v=iq9"]).problems
+    assert any("backend llamacpp does not support KV type iq9 (cache_type_v)" in m for m in kv), kv
+    depth = plan(["backend=trtllm", "model.quant=FP16", "backend.depth=16"]).problems
+    assert any("backend trtllm cannot pre-fill a context depth (backend.depth=16)" in m for m in depth), depth
+
+
+def test_a_plan_of_an_unregistered_backend_reports_it_and_still_drops_orders_and_splits_its_trials():
+    p = plan(["backend.name=bogus", "model.quant=Q4_0,Q8_0", "backend.depth=0,8192", "backend.repetitions=3",
+              "model.context_length=4096", "sweep.rounds=2", "sweep.drop_beyond_context=true"])
+    assert any("unknown backend 'bogus'" in m for m in p.problems)
+    assert len(p.notes) == 2 and all("drop_beyond_context" in n for n in p.notes)  # depth 8192 > 4096
+    assert [t.short_label for t in p.trials] == ["Q4_0 d0 r1/2", "Q8_0 d0 r1/2", "Q4_0 d0 r2/2", "Q8_0 d0 r2/2"]
+    for t in p.trials:
+        assert t.config["backend"]["repetitions"] == t.cfg.backend.repetitions == 2  # ceil(3 / 2) in each round
+        assert t.context_tokens == t.cfg.backend.n_prompt + t.cfg.backend.n_gen
+
+
 def test_run_refuses_comma_lists():
     with pytest.raises(ConfigError, match="runs one trial"):
         plan(["backend.n_gen=1,2"], use_grid=False)

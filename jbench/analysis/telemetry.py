@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from jbench.core.results import Finding
-from jbench.core.schema import ProfileConfig
+from jbench.core.schema import ProfileConfig, ProfileSection, typed
 from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
 
 
@@ -219,9 +219,10 @@ def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: E
     return metrics, tags
 
 
-def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Optional[ProfileConfig] = None,
+def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: ProfileSection = None,
              requested_mode: Optional[str] = None, actual_mode: Optional[str] = None) -> list[Finding]:
-    """Named diagnoses with their evidence (docs/metrics.md, "Findings", lists them)."""
+    """Named diagnoses with their evidence (docs/metrics.md, "Findings", lists them). profile: the trial's
+    ProfileConfig, its plain section, or None (not a Jetson)."""
     out: list[Finding] = []
     decode = next((w for w in windows if w.phase == "decode"), None)
     if requested_mode is not None and actual_mode is not None and requested_mode != actual_mode:
@@ -250,7 +251,7 @@ def findings(samples: list[dict], windows: list[PhaseWindow], *, profile: Option
                                "sit in pageable memory or the kernels are not bandwidth-efficient",
                                {"emc_load_pct_mean": statistics.fmean(emc_load), "gpu_load_pct_mean": statistics.fmean(gpu_load)}))
         temps = _inside(samples, decode, "temp_max_c")
-        limit = profile.throttle_temp_c if profile is not None else None
+        limit = typed(ProfileConfig, profile, where="profile").throttle_temp_c
         if temps and limit is not None and max(temps) >= limit:
             out.append(Finding("thermal_throttling", f"temperature reached {max(temps):.1f} C (profile limit {limit:g} C) "
                                "during decode: clocks may be throttled", {"temp_max_c": max(temps), "limit_c": limit}))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Optional
 
 import click
@@ -120,8 +119,7 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
         raise _fail(f"device '{name}' has no Jetson profile (device.profile): jbench never changes its power state")
     try:
         with connect(device) as conn:
-            # DeviceLease (device/lease.py) reads the plain device section.
-            lease = DeviceLease(conn, asdict(device), "restore", stale_s=float(device.lease_stale_s))
+            lease = DeviceLease(conn, device, "restore")
             lease.acquire(wait_s)
             try:
                 power = PowerStrategy(conn, device, profile=profile)

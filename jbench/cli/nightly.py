@@ -87,7 +87,7 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
                   f"'{escape(job.plan.experiment)}' on every unit", highlight=False)
 
     def started(trial) -> None:
-        console.print(f"{escape(trial.config['device']['name'])}: {escape(trial.short_label)}: running",
+        console.print(f"{escape(trial.cfg.device.name)}: {escape(trial.short_label)}: running",
                       highlight=False)
 
     def ended(o) -> None:

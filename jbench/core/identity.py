@@ -143,8 +143,8 @@ def identity_leaves(backend: Optional[str], scenario: Optional[str]) -> tuple[Le
 
     backend None: a backend that cannot be loaded (unknown name, broken plugin); its section is then left
     out here and identity_items_from_flat counts every backend key it has (nothing declares otherwise)."""
-    sections: dict[str, Optional[type]] = dict(section_schemas())
-    sections["backend"] = _backend_schema(backend) if backend is not None else None
+    schemas: dict[str, Optional[type]] = dict(section_schemas())
+    schemas["backend"] = _backend_schema(backend) if backend is not None else None
     out: list[Leaf] = []
     for f in dataclasses.fields(JBenchConfig):
         declared = declaration(f)
@@ -152,9 +152,9 @@ def identity_leaves(backend: Optional[str], scenario: Optional[str]) -> tuple[Le
             declared = True
         if declared is False or (isinstance(declared, tuple) and scenario not in declared):
             continue
-        if f.name == "backend" and sections["backend"] is None:
+        if f.name == "backend" and schemas["backend"] is None:
             continue
-        schema = sections.get(f.name) or _nested_schema(f)
+        schema = schemas.get(f.name) or _nested_schema(f)
         if schema is None:
             out.append(Leaf(f.name, _default(f)))
         else:
@@ -266,11 +266,12 @@ def frozen_name(key: str, backend: Optional[str]) -> str:
     return f"{backend}:{key}" if key.startswith("backend.") else key
 
 
-def _hashed(config: Mapping[str, str]) -> dict[str, str]:
-    """The items a hash is made of: a key added after HASH_VERSION 2 began counts only away from the default it had
-    when it was added (jbench.core.identity_keys), so adding it changed no recorded trial's identity."""
-    backend = config.get("backend.name")
-    return {HASHED_AS.get(k, k): v for k, v in config.items()
+def _hashed(items: Mapping[str, str]) -> dict[str, str]:
+    """The items a hash is made of (identity items: dotted key -> canonical value): a key added after HASH_VERSION 2
+    began counts only away from the default it had when it was added (jbench.core.identity_keys), so adding it
+    changed no recorded trial's identity."""
+    backend = items.get("backend.name")
+    return {HASHED_AS.get(k, k): v for k, v in items.items()
             if ADDED_DEFAULTS.get(frozen_name(k, backend), _UNSET) != v}
 
 

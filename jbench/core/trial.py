@@ -5,10 +5,12 @@ The identity itself (which config fields count) is declared on the schemas and c
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from jbench.core import registry
 from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, FarmConfig, ModelConfig, PowerConfig,
@@ -60,26 +62,54 @@ def backend_schema(name: str) -> type:
     return registry.load(registry.BACKENDS, name).CONFIG
 
 
-def backend_config(section: Any) -> Any:
+@dataclass(frozen=True)
+class BackendKeys:
+    """The keys every backend's CONFIG has (docs/backends.md): the planner's typed view of a backend section whose
+    backend is not registered, so its checks and its order still read the trial typed (it reports the name)."""
+
+    name: Optional[str] = None
+    n_prompt: int = 0
+    n_gen: int = 0
+    depth: int = 0
+    repetitions: int = 1
+
+
+_BACKEND_KEYS = frozenset(f.name for f in dataclasses.fields(BackendKeys))
+
+
+def backend_config(section: Any, *, unknown_ok: bool = False) -> Any:
     """A backend section as its backend's CONFIG: a plain section is built by the schema its `name` picks; a
-    schema object is returned as it is."""
-    if not isinstance(section, Mapping):
+    schema object is returned as it is. An unregistered name is a KeyError naming the valid ones, or with
+    unknown_ok the section's BackendKeys."""
+    if section is not None and not isinstance(section, Mapping):
         return section
-    return typed(backend_schema(section["name"]), section, where="backend")
+    section = section or {}
+    try:
+        schema = backend_schema(section.get("name"))
+    except KeyError:
+        if not unknown_ok:
+            raise
+        return BackendKeys(**{key: value for key, value in section.items() if key in _BACKEND_KEYS})
+    return typed(schema, section, where="backend")
 
 
-# Sections of a plain trial config and their schemas (the backend's is looked up by its name); keys that are
-# no section (the planner's `quality`, ...) are not part of the typed view.
-_SECTIONS: dict[str, type] = {name: schema for name, schema in typing.get_type_hints(TrialConfig).items()
-                              if name not in ("backend", "profile")}
+def _section_builder(schema: type, name: str) -> Callable[[Any], Any]:
+    return lambda section: typed(schema, section, where=name)
 
 
-def trial_config(config: Mapping[str, Any]) -> TrialConfig:
-    """The schema objects of a trial's plain, resolved config (typed() per section; no OmegaConf)."""
-    sections = {name: typed(schema, config.get(name), where=name) for name, schema in _SECTIONS.items()}
-    profile = config.get("profile")
-    return TrialConfig(backend=backend_config(config["backend"]),
-                       profile=typed(ProfileConfig, profile, where="profile") if profile else None, **sections)
+# How each field of TrialConfig is built from the plain section of the same name (None where the config lacks
+# it); keys that are no field (the planner's `quality`, ...) are not part of the typed view.
+_BUILDERS: dict[str, Callable[[Any], Any]] = {
+    name: _section_builder(schema, name) for name, schema in typing.get_type_hints(TrialConfig).items()
+    if name not in ("backend", "profile")}
+_BUILDERS["profile"] = lambda section: typed(ProfileConfig, section, where="profile") if section else None
+
+
+def trial_config(config: Mapping[str, Any], *, unknown_backend_ok: bool = False) -> TrialConfig:
+    """The schema objects of a trial's plain, resolved config (typed() per section; no OmegaConf). A backend that
+    is not registered is a KeyError, or with unknown_backend_ok (the planner, which reports it) its BackendKeys."""
+    builders = {**_BUILDERS, "backend": functools.partial(backend_config, unknown_ok=unknown_backend_ok)}
+    return TrialConfig(**{name: build(config.get(name)) for name, build in builders.items()})
 
 
 @dataclass(frozen=True)
@@ -106,22 +136,29 @@ class Trial:
     def short_label(self) -> str:
         """What the run is, in a few words: the varying dimensions' values (`MAXN_SUPER clocks=on Q4_K_M d4096`),
         or the model and quant of a trial with none. The MLflow run name; the terminal may show it too."""
-        text = short_label(self.point) or f"{self.config['model']['name']} {self.config['model']['quant']}"
+        text = short_label(self.point) or f"{self.cfg.model.name} {self.cfg.model.quant}"
         return f"{text} r{self.round}/{self.rounds}" if self.rounds > 1 else text
 
     @cached_property
     def cfg(self) -> TrialConfig:
-        """The config as schema objects, built once per trial (the frozen dataclass keeps its config as it is)."""
+        """The config as schema objects, built once per trial (the frozen dataclass keeps its config as it is),
+        or given by the planner (with_cfg). Never mutated: trials of one plan may share it and its sections."""
         return trial_config(self.config)
+
+    def with_cfg(self, cfg: TrialConfig) -> Trial:
+        """This trial with `cfg`, built from this very config, as its typed view: the planner builds one per cell
+        for its own checks, and a planned trial of an unregistered backend keeps its BackendKeys (such a plan
+        has a problem and never runs)."""
+        self.__dict__["cfg"] = cfg  # the cache of the cached_property, set before anything reads it
+        return self
 
     @property
     def wants_power_control(self) -> bool:
-        p = self.config.get("power") or {}
-        return wants_power_control(p.get("mode"), p.get("jetson_clocks"), p.get("fan"))
+        return self.cfg.wants_power_control
 
     @property
     def context_tokens(self) -> int:
-        return context_tokens(self.config["backend"])
+        return context_tokens(self.cfg.backend)
 
     @property
     def resume_key(self) -> str:
@@ -173,9 +210,10 @@ def wants_power_control(mode: Any, jetson_clocks: Any, fan: Any) -> bool:
     return mode is not None or jetson_clocks is not None or fan is not None
 
 
-def context_tokens(backend: dict) -> int:
-    """Tokens a trial holds in its context at the end: depth before the test + prompt + generated."""
-    return int(backend.get("depth", 0)) + int(backend.get("n_prompt", 0)) + int(backend.get("n_gen", 0))
+def context_tokens(backend: Any) -> int:
+    """Tokens a trial holds in its context at the end: depth before the test + prompt + generated. backend: a
+    backend's CONFIG (every one has these keys) or BackendKeys."""
+    return backend.depth + backend.n_prompt + backend.n_gen
 
 
 def resume_key(config_hash: str, round_no: int | str = 1) -> str:

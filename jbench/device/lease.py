@@ -34,10 +34,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from jbench.core.schema import DeviceConfig, DeviceSection, typed
 from jbench.device.connection import Connection, DeviceError
 
 HEARTBEAT_S = 10.0
-DEFAULT_STALE_S = 120.0
 
 # Sweeps of this process holding or acquiring a device's lease (device name -> sweep ids): a lease file with our
 # own pid is live only while its sweep is listed here (else an earlier sweep of this process left it).
@@ -94,15 +94,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 class DeviceLease:
-    def __init__(self, conn: Connection, device: dict, sweep_id: str, *, stale_s: float = DEFAULT_STALE_S,
+    def __init__(self, conn: Connection, device: DeviceSection, sweep_id: str, *, stale_s: Optional[float] = None,
                  log: Optional[logging.Logger] = None):
+        """device: the DeviceConfig, or its plain section; stale_s None: the device's lease_stale_s."""
+        cfg = typed(DeviceConfig, device, where="device")
         self.conn = conn
-        self.device = device
+        self.name = cfg.name
         self.sweep_id = sweep_id
-        self.stale_s = stale_s
+        self.stale_s = cfg.lease_stale_s if stale_s is None else stale_s
         self.log = log or logging.getLogger("jbench.lease")
-        state_dir = ((device.get("paths") or {}).get("state_dir") or "~/.cache/jbench").rstrip("/")
-        self.path = f"{state_dir}/lease-{device['name']}.json"
+        self.path = f"{cfg.paths.state_dir.rstrip('/')}/lease-{self.name}.json"
         self.owner = {
             "host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "sweep_id": sweep_id,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex,
@@ -148,7 +149,7 @@ class DeviceLease:
             return False
         if o["pid"] == os.getpid():
             with _HELD_LOCK:
-                return o.get("sweep_id") not in _HELD.get(self.device["name"], set())
+                return o.get("sweep_id") not in _HELD.get(self.name, set())
         return not _pid_alive(o["pid"])
 
     # -- acquiring ------------------------------------------------------------------------------
@@ -168,15 +169,15 @@ class DeviceLease:
         min_age = 0 if self._owner_gone(holder.owner) else int(self.stale_s) + 1
         res = self.conn.run(["sh", "-c", _TAKE_OVER, "sh", path, f"{path}.lock", holder.text, str(min_age)], timeout=60)
         if res.returncode == 0:
-            self.log.warning("lease: device '%s' was held by %s: %s; taking it over", self.device["name"],
+            self.log.warning("lease: device '%s' was held by %s: %s; taking it over", self.name,
                              holder.describe(), why)
             return True
         if res.returncode == 127:
-            raise DeviceError(f"device '{self.device['name']}': a stale lease ({holder.describe()}: {why}) cannot be "
+            raise DeviceError(f"device '{self.name}': a stale lease ({holder.describe()}: {why}) cannot be "
                               f"taken over safely: `flock` (util-linux) is not installed on the device. Install it, or "
                               f"remove {path} by hand once no controller uses the device")
         if res.returncode == 5:
-            raise DeviceError(f"device '{self.device['name']}': could not lock {path}.lock within 30 s to take over "
+            raise DeviceError(f"device '{self.name}': could not lock {path}.lock within 30 s to take over "
                               f"a stale lease ({holder.describe()}): {res.stderr.strip() or 'no reason given'}")
         return False
 
@@ -184,15 +185,15 @@ class DeviceLease:
         """Hold the device or raise LeaseBusy naming the holder (after waiting up to wait_s)."""
         deadline = time.monotonic() + max(0.0, wait_s)
         with _HELD_LOCK:
-            _HELD.setdefault(self.device["name"], set()).add(self.sweep_id)
+            _HELD.setdefault(self.name, set()).add(self.sweep_id)
         try:
             self._acquire(deadline, wait_s, on_wait)
         except BaseException:
             with _HELD_LOCK:
-                _HELD.get(self.device["name"], set()).discard(self.sweep_id)
+                _HELD.get(self.name, set()).discard(self.sweep_id)
             raise
         self.held = True
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.device['name']}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.name}", daemon=True)
         self._thread.start()
 
     def _acquire(self, deadline: float, wait_s: float, on_wait: Optional[Callable[[str], None]]) -> None:
@@ -209,7 +210,7 @@ class DeviceLease:
                 if self._take_over(holder, why):
                     continue
                 if holder.text == refused:  # the same file twice: no race, it cannot be removed this way
-                    raise DeviceError(f"device '{self.device['name']}': the stale lease {self.path} ({holder.describe()}: "
+                    raise DeviceError(f"device '{self.name}': the stale lease {self.path} ({holder.describe()}: "
                                       f"{why}) could not be taken over; remove it by hand once no controller uses "
                                       f"the device")
                 refused = holder.text  # another taker was first, or the holder beat: look again
@@ -217,12 +218,12 @@ class DeviceLease:
             if time.monotonic() >= deadline:
                 hint = ("wait for it, or let jbench wait: device.lease_wait_s=SECONDS" if wait_s <= 0 else
                         f"waited {wait_s:g} s")
-                raise LeaseBusy(f"device '{self.device['name']}' is in use by another jbench controller: "
+                raise LeaseBusy(f"device '{self.name}' is in use by another jbench controller: "
                                 f"{holder.describe()}. jbench does not touch a device while its holder lives; "
                                 f"{hint}. A holder that died is taken over once its heartbeat is "
                                 f"{self.stale_s:g} s old (device.lease_stale_s).")
             if not told:
-                msg = f"device '{self.device['name']}' is in use by {holder.describe()}; waiting up to {wait_s:g} s"
+                msg = f"device '{self.name}' is in use by {holder.describe()}; waiting up to {wait_s:g} s"
                 (on_wait or self.log.warning)(msg)
                 told = True
             time.sleep(min(5.0, max(0.5, deadline - time.monotonic())))
@@ -248,5 +249,5 @@ class DeviceLease:
                 self.conn.run(["rm", "-f", self.conn.expand_path(self.path)], timeout=30)
         finally:
             with _HELD_LOCK:
-                _HELD.get(self.device["name"], set()).discard(self.sweep_id)
+                _HELD.get(self.name, set()).discard(self.sweep_id)
             self.held = False

@@ -17,7 +17,6 @@ config, each backend's build id, each model file's digest and whether it is on t
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import time
@@ -194,8 +193,7 @@ class DeviceSession:
     @_step((State.CONNECTED,), after=State.LEASED)
     def lease(self, wait_s: float = 0.0) -> None:
         """Hold the device with an on-device lease (heartbeat) or raise LeaseBusy (a DeviceError) naming its holder."""
-        lease = DeviceLease(self.connection, dataclasses.asdict(self.cfg), self.owner, stale_s=self.cfg.lease_stale_s,
-                            log=self.log)
+        lease = DeviceLease(self.connection, self.cfg, self.owner, log=self.log)
         lease.acquire(wait_s, on_wait=lambda msg: self.log.warning("%s", msg))
         self.lease_ = lease
 

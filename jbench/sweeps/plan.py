@@ -17,16 +17,17 @@ places (nothing is reserved).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
-from jbench.core.schema import SweepConfig, TrackingConfig
-from jbench.core.trial import Trial, context_tokens
+from jbench.core.schema import DeviceConfig, FarmConfig, ProfileConfig, SweepConfig, TrackingConfig, typed
+from jbench.core.trial import Trial, TrialConfig, context_tokens, trial_config
 from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
@@ -120,11 +121,11 @@ def _check_value(cfg, key: str, value: Any) -> tuple[Any, Optional[str]]:
         return None, explain_compose_error(exc, [])
 
 
-def _resolve_special(values: Any, key: str, profile: Optional[dict], device: Optional[dict] = None) -> list:
+def _resolve_special(values: Any, key: str, profile: Optional[ProfileConfig], device: Optional[dict] = None) -> list:
     """A grid value "@device.power_modes" takes the device's own mode names (its nvpmodel.conf); "@profile.<field>"
-    takes a list from the device's module profile."""
+    takes a list from the device's module profile. device: the plain section (what device_power_modes takes)."""
     if values == "@device.power_modes":
-        if not (device and device.get("profile")):
+        if not (device and typed(DeviceConfig, device, where="device").profile):
             raise ConfigError(f"sweep.grid.{key}: @device.power_modes needs a Jetson device (device=NAME with "
                               "device.profile set); this device has none")
         try:
@@ -133,12 +134,13 @@ def _resolve_special(values: Any, key: str, profile: Optional[dict], device: Opt
             raise ConfigError(str(exc)) from None
     if isinstance(values, str) and values.startswith("@profile."):
         field_name = values[len("@profile."):]
-        if not profile:
+        if profile is None:
             raise ConfigError(f"sweep.grid.{key}: {values} needs a Jetson device with a profile "
                               "(device=NAME with device.profile set); this device has none")
-        if not profile.get(field_name):
-            raise ConfigError(f"sweep.grid.{key}: profile '{profile.get('name')}' has no {field_name}")
-        return list(profile[field_name])
+        found = getattr(profile, field_name, None)  # the field the user named
+        if not found:
+            raise ConfigError(f"sweep.grid.{key}: profile '{profile.name}' has no {field_name}")
+        return list(found)
     return values
 
 
@@ -221,26 +223,42 @@ def _local_ram_bytes() -> Optional[int]:
     return None
 
 
-def memory_check(config: dict, reserve_bytes: float) -> Optional[str]:
+@runtime_checkable
+class ChoosesKVTypes(Protocol):
+    """A backend config that chooses the KV cache's types (llama.cpp's keys); the memory check counts f16 for others."""
+
+    cache_type_k: str
+    cache_type_v: str
+
+
+@runtime_checkable
+class SwitchesFlashAttention(Protocol):
+    """A backend config with a flash-attention switch (llama.cpp's key)."""
+
+    flash_attn: str
+
+
+def memory_check(cfg: TrialConfig, reserve_bytes: float) -> Optional[str]:
     """Model file + KV cache at the trial's context + reserve vs the device's RAM (None: fits or unknown)."""
     from jbench.models.store import ModelError, resolve_model_file
 
     try:
-        path, _ = resolve_model_file(config["model"])
+        path, _ = resolve_model_file(cfg.model)
     except ModelError:
         return None
     facts = _model_facts(path)
     if facts is None:
         return None
-    backend = config["backend"]
+    backend = cfg.backend
     context = context_tokens(backend)
-    kv = _kv_bytes_per_token(facts, backend.get("cache_type_k", "f16"), backend.get("cache_type_v", "f16"))
+    types = (backend.cache_type_k, backend.cache_type_v) if isinstance(backend, ChoosesKVTypes) else ("f16", "f16")
+    kv = _kv_bytes_per_token(facts, *types)
     if kv is None:
         return None
-    profile = config.get("profile")
-    if profile:
-        ram, where = profile["ram_gb"] * 1e9, f"{profile['module']} ({profile['ram_gb']:g} GB)"
-    elif config["device"].get("kind") == "local":
+    profile = cfg.profile
+    if profile is not None:
+        ram, where = profile.ram_gb * 1e9, f"{profile.module} ({profile.ram_gb:g} GB)"
+    elif cfg.device.kind == "local":
         ram, where = _local_ram_bytes(), "this machine"
     else:
         return None
@@ -261,12 +279,10 @@ def order(trials: list[Trial]) -> list[Trial]:
     first_seen: dict[tuple, int] = {}
 
     def power_key(t: Trial) -> tuple:
-        p = t.config.get("power") or {}
-        return (t.config["device"]["name"], p.get("mode"), p.get("jetson_clocks"))
+        return (t.cfg.device.name, t.cfg.power.mode, t.cfg.power.jetson_clocks)
 
     def model_key(t: Trial) -> tuple:
-        m = t.config["model"]
-        return (m["name"], m["quant"])
+        return (t.cfg.model.name, t.cfg.model.quant)
 
     for t in trials:
         first_seen.setdefault(power_key(t), len(first_seen))
@@ -286,14 +302,20 @@ class Cell:
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.point.items()) or "(single trial)"
 
+    @cached_property
+    def cfg(self) -> TrialConfig:
+        """The typed view the planner decides on, built once, when first read (after plan() set a pool's device),
+        and handed to the cell's Trial. A backend that is not registered gives its BackendKeys: validate reports it."""
+        return trial_config(self.config, unknown_backend_ok=True)
+
 
 @dataclass
 class Expansion:
     cells: list[Cell]
     dims: dict[str, Any]
-    sweep: dict  # the resolved sweep section (grid, link, exclude, rounds, max_cv, ...)
+    sweep: SweepConfig
     experiment: str
-    tracking: dict
+    tracking: TrackingConfig
 
 
 def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Expansion:
@@ -302,8 +324,8 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
 
     plain, cli_dims, pinned = _parse_overrides(overrides)
     first_cfg, first_choices = compose(plain, config_dirs)
-    sweep_cfg = OmegaConf.to_container(first_cfg.sweep, resolve=True)
-    grid = sweep_cfg["grid"] if use_grid else {}
+    sweep = typed(SweepConfig, OmegaConf.to_container(first_cfg.sweep, resolve=True), where="sweep")
+    grid = sweep.grid if use_grid else {}
     if not use_grid and cli_dims:
         raise ConfigError(
             f"`jbench run` runs one trial; comma lists ({', '.join(cli_dims)}) belong to `jbench sweep`"
@@ -323,10 +345,10 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
                           f"a sweep dimension: run one sweep per store (e.g. `jbench sweep ... {stores[0]}=VALUE` "
                           "once for each)")
     group_dims = {k: [str(v) for v in vs] for k, vs in dims.items() if k in GROUP_DIMS}
-    links = (sweep_cfg.get("link") or []) if use_grid else []
+    links = sweep.link if use_grid else []
 
     cells: list[Cell] = []
-    tracking: dict = {}
+    tracking = None  # the first group's (one store per sweep); the loop runs at least once
     experiment = "adhoc"
     group_keys = list(group_dims)
     for group_values in itertools.product(*group_dims.values()):
@@ -335,10 +357,12 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
             cfg, choices = compose(plain + [f"{k}={v}" for k, v in group_point.items()], config_dirs)
         else:
             cfg, choices = first_cfg, first_choices
-        profile_name = OmegaConf.select(cfg, "device.profile")
-        profile = load_profile(profile_name, config_dirs) if profile_name else None
         device_cfg = OmegaConf.to_container(cfg.device, resolve=True) if OmegaConf.select(cfg, "device") else None
-        value_dims = {k: _resolve_special(vs, k, profile, device_cfg) for k, vs in dims.items() if k not in GROUP_DIMS}
+        profile_name = typed(DeviceConfig, device_cfg, where="device").profile
+        profile = load_profile(profile_name, config_dirs) if profile_name else None
+        profile_view = typed(ProfileConfig, profile, where="profile") if profile else None
+        value_dims = {k: _resolve_special(vs, k, profile_view, device_cfg) for k, vs in dims.items()
+                      if k not in GROUP_DIMS}
         # Validate each distinct swept value once against the typed schema.
         scratch = copy.deepcopy(cfg)
         converted: dict[str, list] = {}
@@ -358,8 +382,9 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
         if profile:
             # The module profile travels with the trial (roofline, telemetry rails, findings).
             base["profile"] = profile
-        tracking = tracking or base["tracking"]
-        experiment = base["experiment"]["name"]
+        if tracking is None:
+            tracking = typed(TrackingConfig, OmegaConf.to_container(cfg.tracking, resolve=True), where="tracking")
+        experiment = cfg.experiment.name
         for point in _points(converted, _units(converted, links)):
             if slow:
                 trial_cfg = copy.deepcopy(cfg)
@@ -374,7 +399,7 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
                 for k, v in point.items():
                     _set_dotted(config, k, v)
             cells.append(Cell(config, dict(choices), {**group_point, **point}))
-    return Expansion(cells, dims, sweep_cfg, experiment, tracking)
+    return Expansion(cells, dims, sweep, experiment, tracking)
 
 
 def drop(cells: list[Cell], *, exclude: list[dict], drop_beyond_context: bool) -> tuple[list[Cell], list[str]]:
@@ -383,16 +408,16 @@ def drop(cells: list[Cell], *, exclude: list[dict], drop_beyond_context: bool) -
     for cell in cells:
         reason = _excluded(cell.config, exclude)
         if reason is None and drop_beyond_context:
-            limit = cell.config["model"].get("context_length")
+            limit = cell.cfg.model.context_length
             if limit is None:
                 from jbench.models.store import ModelError, resolve_model_file
 
                 try:
-                    facts = _model_facts(resolve_model_file(cell.config["model"])[0])
+                    facts = _model_facts(resolve_model_file(cell.cfg.model)[0])
                 except ModelError:
                     facts = None
                 limit = facts.kv_arch().get("context_length") if facts else None
-            need = context_tokens(cell.config["backend"])
+            need = context_tokens(cell.cfg.backend)
             if limit is not None and need > limit:
                 reason = f"drop_beyond_context: {need} tokens > the model's context length {limit}"
         if reason:
@@ -411,9 +436,10 @@ def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], l
     trials: list[Trial] = []
     classes: dict[str, Any] = {}
     for cell in cells:
-        config = cell.config
-        trial = Trial(index=0, config=config, choices=cell.choices, point=cell.point, config_hash=config_hash(config))
-        name = config["backend"]["name"]
+        cfg = cell.cfg
+        trial = Trial(index=0, config=cell.config, choices=cell.choices, point=cell.point,
+                      config_hash=config_hash(cell.config)).with_cfg(cfg)
+        name = cfg.backend.name
         if name not in classes:
             try:
                 classes[name] = backend_class(name)
@@ -423,12 +449,12 @@ def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], l
         if isinstance(cls, str):
             msgs = [cls]
         else:
-            backend = cls(config["backend"])
-            msgs = backend.validate(trial) + _capability_problems(cls, config)
-            msgs += _model_file_problems(config, msgs, backend.reads_model_file(trial))
-        msgs += _registered_names_problems(config)
+            backend = cls(cfg.backend)
+            msgs = backend.validate(trial) + _capability_problems(cls, cfg)
+            msgs += _model_file_problems(cfg, msgs, backend.reads_model_file(trial))
+        msgs += _registered_names_problems(cfg)
         if not msgs:
-            fit = memory_check(config, reserve_bytes)
+            fit = memory_check(cfg, reserve_bytes)
             if fit:
                 msgs.append(fit)
         for msg in msgs:
@@ -447,12 +473,14 @@ def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
     final: list[Trial] = []
     for r in range(1, rounds + 1):
         for t in trials:
-            config = t.config
+            config, cfg = t.config, t.cfg
             if rounds > 1:
-                config = copy.deepcopy(t.config)
-                config["backend"]["repetitions"] = max(1, -(-t.config["backend"]["repetitions"] // rounds))
+                share = max(1, -(-cfg.backend.repetitions // rounds))
+                config = dict(config)
+                _set_dotted(config, "backend.repetitions", share)
+                cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, repetitions=share))
             final.append(Trial(index=len(final) + 1, config=config, choices=t.choices, point=t.point,
-                               config_hash=t.config_hash, round=r, rounds=rounds))
+                               config_hash=t.config_hash, round=r, rounds=rounds).with_cfg(cfg))
     return final
 
 
@@ -465,9 +493,10 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
         for cell in ex.cells:
             # The trial's device is the class, not a unit: its identity (resume, compare) is the same
             # whichever unit runs it; the unit is recorded in tags.
-            cell.config["device"] = {**cell.config["device"], "name": pool.name, "device_class": pool.device_class}
+            _set_dotted(cell.config, "device.name", pool.name)
+            _set_dotted(cell.config, "device.device_class", pool.device_class)
             cell.choices["device"] = pool.name
-    sweep, tracking = SweepConfig(**ex.sweep), TrackingConfig(**ex.tracking)
+    sweep, tracking = ex.sweep, ex.tracking
     kept, notes = drop(ex.cells, exclude=sweep.exclude if use_grid else [],
                        drop_beyond_context=sweep.drop_beyond_context and use_grid)
     trials, problems = validate(kept, reserve_bytes=sweep.memory_reserve_gb * 1e9)
@@ -500,21 +529,23 @@ def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Opti
     rest = [o for o in overrides if o.split("=", 1)[0] != "device"]
     rest_plain = [o for o in plain if o.split("=", 1)[0] != "device"]
     base, _ = compose(rest_plain, config_dirs)
-    farm = OmegaConf.to_container(base.farm, resolve=True)
+    farm_section = OmegaConf.to_container(base.farm, resolve=True)  # plain, as Pool takes it
+    farm = typed(FarmConfig, farm_section, where="farm")
     members, entries, classes = [], [], {}
     for choice in available_choices("device", config_dirs):
         try:
             cfg, _ = compose(rest_plain + [f"device={choice}"], config_dirs)
         except ConfigError:
             continue  # a broken entry of another class must not stop this sweep
-        device = OmegaConf.to_container(cfg.device, resolve=True)
-        if device.get("device_class"):
-            classes.setdefault(device["device_class"], []).append(choice)
-        if device.get("device_class") == cls:
-            members.append(device)
+        entry = OmegaConf.to_container(cfg.device, resolve=True)
+        device_class = typed(DeviceConfig, entry, where="device").device_class
+        if device_class:
+            classes.setdefault(device_class, []).append(choice)
+        if device_class == cls:
+            members.append(entry)
             entries.append(choice)
-    coordinator = farm.get("coordinator")
-    selector = {"class": cls, **(farm.get("select") or {})}
+    coordinator = farm.coordinator
+    selector = {"class": cls, **farm.select}
     if coordinator and not members:  # the class's places name their device entries: plan with theirs
         members, entries = _farm_members(coordinator, selector, rest_plain, config_dirs)
     if not members and not coordinator:
@@ -522,15 +553,15 @@ def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Opti
         raise ConfigError(f"device=@{cls}: no device entry has device_class '{cls}' (device entries by class: {known}). "
                           f"Add `device_class: {cls}` to device/NAME.yaml in your config dir, or set farm.coordinator "
                           "to lease the class's places")
-    profiles = {m.get("profile") for m in members}
+    profiles = {typed(DeviceConfig, m, where="device").profile for m in members}
     if len(profiles) > 1:
         raise ConfigError(f"device=@{cls}: its units have different profiles ({', '.join(sorted(map(str, profiles)))}); "
                           "a class is one kind of module: give each kind its own device_class")
-    count_text = str(farm.get("devices") or "all")
+    count_text = str(farm.devices)
     if count_text != "all" and not (count_text.isdigit() and int(count_text) > 0):
         raise ConfigError(f"farm.devices={count_text}: give a number of places (1, 2, ...) or all")
     pool = Pool(cls, members, coordinator, selector,
-                None if count_text == "all" else int(count_text), farm, [str(d) for d in config_dirs or []])
+                None if count_text == "all" else int(count_text), farm_section, [str(d) for d in config_dirs or []])
     return pool, rest + ([f"device={entries[0]}"] if entries else [])
 
 
@@ -558,46 +589,48 @@ def _farm_members(coordinator: str, selector: dict, overrides: list[str],
     return members, entries
 
 
-def _model_file_problems(config: dict, found: list[str], reads_file: bool) -> list[str]:
+def _model_file_problems(cfg: TrialConfig, found: list[str], reads_file: bool) -> list[str]:
     """A file override that would be ignored, or a model file missing on this machine (a local device) for
     a backend that reads it: caught here, so nothing runs, rather than as FAILED runs (a remote device's
     file: at preflight)."""
     from jbench.models.store import local_file_problem, override_problem
 
-    if (msg := override_problem(config["model"])) is not None:
+    if (msg := override_problem(cfg.model)) is not None:
         return [msg]
-    if found or not reads_file or (config.get("device") or {}).get("kind", "local") != "local":
+    if found or not reads_file or cfg.device.kind != "local":
         return []
-    msg = local_file_problem(config["model"])
+    msg = local_file_problem(cfg.model)
     return [msg] if msg else []
 
 
-def _registered_names_problems(config: dict) -> list[str]:
+def _registered_names_problems(cfg: TrialConfig) -> list[str]:
     """Names that select a plug-in (telemetry.source) must name a registered one; a wall meter section must be usable."""
     from jbench.core import registry
 
-    source = (config.get("telemetry") or {}).get("source")
+    source = cfg.telemetry.source
     sources = registry.targets(registry.SAMPLERS)
-    if source is not None and source not in sources:
+    if source not in sources:
         return [f"unknown telemetry.source '{source}'. Valid sources: {', '.join(sorted(sources))}"]
     from jbench.device.telemetry.wall import wall_power_problem
 
-    wall = wall_power_problem(config.get("wall_power"))
+    wall = wall_power_problem(cfg.wall_power)
     return [wall] if wall else []
 
 
-def _capability_problems(cls, config: dict) -> list[str]:
+def _capability_problems(cls, cfg: TrialConfig) -> list[str]:
     """What the backend declares it cannot do, checked before any device is touched."""
     caps = cls.CAPABILITIES
-    backend, model = config["backend"], config["model"]
+    backend, quant = cfg.backend, cfg.model.quant
     out = []
-    if caps.quants and model["quant"] not in caps.quants:
-        out.append(f"backend {cls.NAME} does not support quant {model['quant']}. Supported: {', '.join(sorted(caps.quants))}")
-    for key in ("cache_type_k", "cache_type_v"):
-        if key in backend and caps.kv_types and backend[key] not in caps.kv_types:
-            out.append(f"backend {cls.NAME} does not support KV type {backend[key]} ({key}). Supported: {', '.join(sorted(caps.kv_types))}")
-    if backend.get("depth", 0) and not caps.context_depth:
-        out.append(f"backend {cls.NAME} cannot pre-fill a context depth (backend.depth={backend['depth']})")
-    if backend.get("flash_attn") == "on" and not caps.flash_attention:
+    if caps.quants and quant not in caps.quants:
+        out.append(f"backend {cls.NAME} does not support quant {quant}. Supported: {', '.join(sorted(caps.quants))}")
+    if isinstance(backend, ChoosesKVTypes) and caps.kv_types:
+        for key, value in (("cache_type_k", backend.cache_type_k), ("cache_type_v", backend.cache_type_v)):
+            if value not in caps.kv_types:
+                out.append(f"backend {cls.NAME} does not support KV type {value} ({key}). "
+                           f"Supported: {', '.join(sorted(caps.kv_types))}")
+    if backend.depth and not caps.context_depth:
+        out.append(f"backend {cls.NAME} cannot pre-fill a context depth (backend.depth={backend.depth})")
+    if isinstance(backend, SwitchesFlashAttention) and backend.flash_attn == "on" and not caps.flash_attention:
         out.append(f"backend {cls.NAME} has no flash attention switch")
     return out

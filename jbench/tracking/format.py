@@ -48,7 +48,8 @@ def server_format(uri: str, experiment: str, timeout_s: float = 10.0) -> Optiona
         return None
     if res.status_code != 200:
         return None
-    tags = (res.json().get("experiment") or {}).get("tags") or []
+    reply = res.json().get("experiment") or {}
+    tags = reply.get("tags") or []
     return next((t.get("value") for t in tags if t.get("key") == STORE_FORMAT_TAG), None)
 
 

@@ -313,14 +313,14 @@ class TasmotaSampler(WallSampler):
         self._read()
 
     def _read(self) -> dict:
-        energy = (self._command("Status 8").get("StatusSNS") or {}).get("ENERGY")
-        if not energy or energy.get("Power") is None:
+        reading = (self._command("Status 8").get("StatusSNS") or {}).get("ENERGY")
+        if not reading or reading.get("Power") is None:
             raise WallMeterError("Tasmota has no energy monitor (no StatusSNS.ENERGY.Power in Status 8)")
-        sample: dict = {"power_w": float(self._pick(energy["Power"]))}
+        sample: dict = {"power_w": float(self._pick(reading["Power"]))}
         for key, name in (("Voltage", "voltage_v"), ("Current", "current_a")):
-            if energy.get(key) is not None:
-                sample[name] = float(self._pick(energy[key]))
-        total = energy.get("Total")
+            if reading.get(key) is not None:
+                sample[name] = float(self._pick(reading[key]))
+        total = reading.get("Total")
         if total is not None and not isinstance(total, list):
             sample["energy_j"] = float(total) * 3.6e6  # kWh -> J
             if self.energy_res is None:
