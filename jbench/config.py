@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig
+from jbench.core.registry import backend_schemas
 
 # The schema of each config group whose files extend it (`defaults: [<group>_schema, _self_]`); JBenchConfig types
 # these sections `Any`, as each option is a file. `backend` has one schema per backend (registry.backend_schemas).
@@ -33,7 +34,6 @@ def register_schemas() -> None:
     cs.store(name="jbench_schema", node=JBenchConfig)
     for group, schema in GROUP_SCHEMAS.items():
         cs.store(group=group, name=f"{group}_schema", node=schema)
-    from jbench.core.registry import backend_schemas
 
     for name, schema in backend_schemas().items():
         cs.store(group="backend", name=f"{name}_schema", node=schema)
@@ -348,7 +348,6 @@ def _valid_keys_hint(dotted: str, backend: Optional[str] = None) -> str:
         return f"Valid top-level keys: {', '.join(names)}"
     schema = sections[section]
     if section == "backend":
-        from jbench.core.registry import backend_schemas
 
         schemas = backend_schemas()
         schema = schemas.get(backend or "")

@@ -98,3 +98,32 @@ def test_only_the_scheduler_starts_threads_in_the_run_layer_and_the_workflows(pa
              if (lines := _thread_starts(p)) and p.name != "scheduler.py"}
     assert found == {}
     assert _thread_starts(PACKAGE / "runner" / "scheduler.py"), "the scheduler is where threads start"
+
+
+# What makes a function-level import worth it: importing these costs a command's start-up time (MLflow alone is
+# about 1.5 CPU-s), so a module that pulls one in may be imported where it is used. Any other import of a jbench
+# module belongs at the top of the file, where a newcomer sees the module's dependencies.
+HEAVY = {"mlflow", "matplotlib", "pandas", "scipy", "labgrid", "grpc", "sqlalchemy", "paramiko", "hydra", "omegaconf",
+         "numpy", "gguf", "pyarrow", "ruptures", "pynvml", "requests", "yaml", "rich"}
+
+
+def test_a_function_level_import_of_a_jbench_module_is_only_for_a_heavy_one():
+    import grimp
+
+    g = grimp.build_graph("jbench", include_external_packages=True)
+
+    def heavy(module: str) -> bool:
+        return module in g.modules and any(u.split(".")[0] in HEAVY for u in g.find_upstream_modules(module))
+
+    light = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jbench"):
+                    targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                    if not any(heavy(t) for t in targets):
+                        light.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}")
+    assert light == [], "import these at the top of their module:\n" + "\n".join(light)

@@ -11,6 +11,14 @@ from jbench.cli.app import common_options, _config_dir_option, _fail, console, m
 from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import DeviceConfig, ProfileConfig, typed
 from jbench.core.trial import backend_config
+from jbench.device.connection import DeviceError
+from jbench.device.doctor import check_device, worst
+from jbench.device.lease import DeviceLease
+from jbench.device.power import PowerStrategy
+from jbench.device.doctor import doctor as run_doctor
+from jbench.device.doctor import worst
+from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
+from jbench.device.doctor import Check
 
 
 def _device_config(name: str, config_dirs) -> tuple[DeviceConfig, Optional[ProfileConfig], Any]:
@@ -77,9 +85,7 @@ def devices_check(names, config_dirs) -> None:
     """Check reachability, sudo rights and tools of NAMES (default: every device)."""
     from jbench.backends.llamacpp.backend import LlamaCppConfig
     from jbench.config import available_choices, user_config_dirs
-    from jbench.device.connection import DeviceError
     from jbench.device.connect import connect
-    from jbench.device.doctor import check_device, worst
 
     names = names or available_choices("device", user_config_dirs(list(config_dirs)))
     failed = False
@@ -91,7 +97,6 @@ def devices_check(names, config_dirs) -> None:
             with connect(device) as conn:
                 checks = check_device(conn, device, remote_build)
         except DeviceError as exc:
-            from jbench.device.doctor import Check
 
             checks = [Check("reachable", "fail", str(exc))]
         failed |= worst(checks) == "fail"
@@ -110,9 +115,6 @@ def devices_check(names, config_dirs) -> None:
 def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
     """Put NAME back in the power state a jbench sweep recorded (after a crash, or a restore that needed a reboot)."""
     from jbench.device.connect import connect
-    from jbench.device.connection import DeviceError
-    from jbench.device.lease import DeviceLease
-    from jbench.device.power import PowerStrategy
 
     device, profile, _ = _device_config(name, config_dirs)
     if not device.profile:
@@ -143,10 +145,7 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
 @_config_dir_option
 def doctor(device_name: str, config_dirs) -> None:
     """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap."""
-    from jbench.device.connection import DeviceError
     from jbench.device.connect import connect
-    from jbench.device.doctor import doctor as run_doctor
-    from jbench.device.doctor import worst
 
     device, profile, _ = _device_config(device_name, config_dirs)
     try:
@@ -177,9 +176,7 @@ def calibrate(device_name, probe, size_mb, threads, runs, config_dirs) -> None:
 
     The result is kept per device, probe and power state (nvpmodel mode and jetson_clocks on a Jetson, the
     CPU governor elsewhere); sweeps use the one matching each trial."""
-    from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
     from jbench.device.connect import connect
-    from jbench.device.connection import DeviceError
 
     device, profile, _ = _device_config(device_name, config_dirs)
     probes = {"auto": [CPU, GPU], "both": [CPU, GPU], "cpu": [CPU], "gpu": [GPU]}[probe]

@@ -20,6 +20,8 @@ from rich.table import Table
 from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, _signals_as_interrupt, common_options,
                         console, err_console, main)
 from jbench.core.exitcodes import ExitCode
+from jbench.core.schema import ModelConfig, typed
+from jbench.runner.recorder import preload
 
 OUTPUT_FORMATS = ("table", "md", "csv", "json", "jsonl")
 RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
@@ -411,7 +413,6 @@ def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, in
     if package:
         raise _fail("--package selects a part of --cfg's output: add --cfg job or --cfg sweep")
     if not dry_run:
-        from jbench.runner.recorder import preload
 
         preload()  # MLflow's import overlaps planning and the device checks
     _execute(_plan(overrides, config_dirs, use_grid=use_grid), dry_run, fmt)
@@ -448,7 +449,6 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
     from omegaconf import OmegaConf
 
     from jbench.config import ConfigError, compose, user_config_dirs
-    from jbench.core.schema import ModelConfig, typed
     from jbench.models.provision import SetupError, build_llamacpp, install_bundled_model
 
     def say(msg: str) -> None:

@@ -10,6 +10,10 @@ import click
 
 from jbench.cli.app import _fail, common_options, console, err_console, main
 from jbench.core.exitcodes import ExitCode
+from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, store_exists
+from jbench.tracking.common import writable_problem
+from jbench.tracking.common import artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri, runs_view_url, store_exists
+from jbench.tracking.common import database_problem, redact, spool_dir
 
 
 def _results_dir(results_dir: Optional[str]) -> str:
@@ -21,7 +25,6 @@ def _results_dir(results_dir: Optional[str]) -> str:
 def _results_tracker(results_dir: Optional[str]):
     """The store to read, never created here: none at the results directory (or a server that does not
     answer) is one message and exit 2."""
-    from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, store_exists
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
@@ -41,7 +44,6 @@ def _results_tracker(results_dir: Optional[str]):
 
 def check_output(path: str, *, directory: bool, option: str = "--out") -> None:
     """An output path that cannot be written: one message, exit 2, before anything is read or made."""
-    from jbench.tracking.common import writable_problem
 
     problem = writable_problem(path, directory=directory)
     if problem:
@@ -307,8 +309,6 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     import signal
     import subprocess
 
-    from jbench.tracking.common import (artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri,
-                                        runs_view_url, store_exists)
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
@@ -371,7 +371,6 @@ def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     """Upload the spool (runs measured while the tracking server did not answer) to the server, exactly once."""
     import os
 
-    from jbench.tracking.common import database_problem, redact, spool_dir
 
     given = uri or os.environ.get("MLFLOW_TRACKING_URI")
     problem = database_problem(given, "--uri" if uri else "$MLFLOW_TRACKING_URI") if given else None

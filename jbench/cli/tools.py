@@ -8,6 +8,9 @@ import click
 from rich.table import Table
 
 from jbench.cli.app import common_options, _config_dir_option, _fail, console, err_console, main
+from jbench.core.schema import DeviceConfig, ProfileConfig, typed
+from jbench.device.bandwidth import device_bandwidth
+from jbench.device.telemetry.tegrastats import parse_stream, sample_to_dict
 
 
 @main.command()
@@ -77,8 +80,6 @@ def _device_bandwidth(device_name: str, dirs) -> tuple[float, str]:
     from omegaconf import OmegaConf
 
     from jbench.config import compose, load_profile
-    from jbench.core.schema import DeviceConfig, ProfileConfig, typed
-    from jbench.device.bandwidth import device_bandwidth
 
     cfg, _ = compose([f"device={device_name}"], dirs)
     device = typed(DeviceConfig, OmegaConf.to_container(cfg.device, resolve=True), where="device")
@@ -105,7 +106,6 @@ def telemetry_parse(source, fmt, rails) -> None:
     import csv
     import json
 
-    from jbench.device.telemetry.tegrastats import parse_stream, sample_to_dict
 
     spec = rails.split(",") if rails else None
     samples, skipped = parse_stream(source)

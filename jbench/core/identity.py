@@ -52,6 +52,7 @@ from jbench.core import registry
 from jbench.core.identity_keys import ADDED_DEFAULTS
 from jbench.core.registry import backend_schemas
 from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig, _nested_schema, declaration
+from jbench.core.trial import flatten
 
 HASH_VERSION = 2
 
@@ -207,7 +208,6 @@ def canonical(value: Any) -> str:
 
 def flat_params(config: Mapping) -> dict[str, str]:
     """A resolved config as the canonical flat strings the runner records as params."""
-    from jbench.core.trial import flatten
 
     return {k: canonical(v) for k, v in flatten(dict(config)).items()}
 
@@ -249,7 +249,6 @@ def identity_items_from_flat(flat: Mapping[str, Any], *, strict: bool = True, co
 
 def identity_items(config: Mapping) -> dict[str, str]:
     """The part of a resolved trial config that is its identity, as dotted key -> canonical string."""
-    from jbench.core.trial import flatten
 
     sections = {k: config[k] for k in identity_sections() if k in config}  # only these can hold identity
     return identity_items_from_flat(flatten(sections), strict=False, convert=canonical)

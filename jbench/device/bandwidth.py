@@ -29,6 +29,7 @@ from jbench.core.schema import DeviceConfig, DeviceSection, ProfileConfig, Profi
 from jbench.core.trial import backend_config
 from jbench.device import ondevice
 from jbench.device.connection import Connection
+from jbench.device.power import PowerStateError, PowerStrategy
 
 CPU, GPU = "cpu", "gpu"
 DEFAULT_SIZE_MB = {CPU: 512, GPU: 1024}
@@ -159,7 +160,6 @@ def power_state(conn: Connection, device: DeviceConfig, profile: Optional[Profil
     """The clocks state a calibration holds for: nvpmodel mode and jetson_clocks on a Jetson (a device with a
     profile), the CPU frequency governor elsewhere ('governor=none' where the kernel exposes none)."""
     if profile:
-        from jbench.device.power import PowerStateError, PowerStrategy
 
         try:
             snap = PowerStrategy(conn, device, profile=profile).current()

@@ -14,6 +14,9 @@ from typing import Optional
 from jbench.core.schema import DeviceConfig
 from jbench.farm import places as P
 from jbench.farm.coordinator import Coordinator, PlaceInfo
+from jbench.device.connection import DeviceError
+from jbench.device.doctor import check_device
+from jbench.device.jetson import jetson_fingerprint
 
 
 def _words(text: str) -> str:
@@ -23,9 +26,6 @@ def _words(text: str) -> str:
 def quick_check(device: DeviceConfig, place: PlaceInfo) -> Optional[str]:
     """None when the device is fit for a lease, else the reason (one line)."""
     from jbench.device.connect import connect
-    from jbench.device.connection import DeviceError
-    from jbench.device.doctor import check_device
-    from jbench.device.jetson import jetson_fingerprint
 
     try:
         with connect(device) as conn:

@@ -39,6 +39,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from jbench.core import paths
 from jbench.core.schema import DeviceConfig
+from jbench.device.ondevice import first_tool
+from jbench.device.connection import DeviceError
+from jbench.core.results import Status
+from jbench.core.protocol import PROTOCOL_VERSION
+from jbench.core.provenance import JBENCH_VERSION
+from jbench.runner.recorder import Recorder, controller_id, wall_time
 
 if TYPE_CHECKING:
     from jbench.device.connection import Connection
@@ -269,7 +275,6 @@ BUILD_TIMEOUT_S = 4 * 3600.0  # a CUDA build of llama-bench on a small Jetson ta
 def device_cuda(conn: "Connection") -> tuple[Optional[str], str]:
     """(nvcc's path or None for a CPU build, why), decided as `jbench setup` decides here: CUDA when the device
     has nvcc (on PATH or in /usr/local/cuda/bin, where JetPack puts it) and an NVIDIA GPU."""
-    from jbench.device.ondevice import first_tool
 
     nvcc = first_tool(conn, ["nvcc"], ("/usr/local/cuda/bin/nvcc",))
     if nvcc is None:
@@ -295,8 +300,6 @@ def build_commit_on_device(conn: "Connection", device: "DeviceConfig", repo: str
     setup`'s CMake arguments (CUDA when the device has nvcc and a GPU, else CPU) into the device's per-commit cache
     <state_dir>/llama.cpp/bisect-<commit>-<cpu|cuda>-<machine>, reused when already there. The build log stays
     there (build.log). Returns the bin directory on the device."""
-    from jbench.device.connection import DeviceError
-    from jbench.device.ondevice import first_tool
     from jbench.models.provision import cmake_args
 
     short = commit[:9]
@@ -456,7 +459,6 @@ class Bisector:
         """One measurement of a build: a trial of the failing configuration with backend.binary_dir at the build,
         run through the run layer's stages (power state, thermal gate, per-trial fingerprint, telemetry) in a child
         run of the bisect run named `name`. Returns the per-repetition rates and the run's handle."""
-        from jbench.core.results import Status
 
         if self.session is None or self.runner is None:
             raise BisectError("measuring needs the device: call run()")
@@ -480,7 +482,6 @@ class Bisector:
         and power request checked there, its on-device lease taken (one controller at a time) and its power state
         saved; on the way out (also Ctrl-C, errors) the power state is restored and the lease released. The trials
         apply and verify the requested power state themselves (the PowerState stage)."""
-        from jbench.device.connection import DeviceError
         from jbench.runner.session import DeviceSession
         from jbench.runner.trials import preflight
 
@@ -527,9 +528,6 @@ class Bisector:
 
     def run(self) -> BisectResult:
         """The whole bisection on the device, recorded (see on_device for what is held meanwhile)."""
-        from jbench.core.protocol import PROTOCOL_VERSION
-        from jbench.core.provenance import JBENCH_VERSION
-        from jbench.runner.recorder import Recorder, controller_id, wall_time
         from jbench.runner.session import power_state_tags
         from jbench.runner.stages import default_stages
         from jbench.runner.trials import TrialRunner

@@ -30,6 +30,8 @@ from jbench.analysis.regress import (NoData, RegressError,
 from jbench.core.results import Status
 from jbench.sweeps.plan import Plan
 from jbench.core.exitcodes import ExitCode
+from jbench.tracking.common import writable_problem
+from jbench.tracking.common import store_exists
 
 log = logging.getLogger("jbench")
 
@@ -90,7 +92,6 @@ class NightlyResult:
 
 
 def _check_output(path: Optional[str | Path], *, directory: bool, option: str) -> None:
-    from jbench.tracking.common import writable_problem
 
     problem = writable_problem(path, directory=directory) if path else None
     if problem:
@@ -127,7 +128,6 @@ def plan_nightly(device_class: str, *, experiment: str = "nightly", overrides: S
 def _check_baseline(uri: str, exp_name: str, baseline: Optional[str]) -> None:
     """A baseline that names a tag or a sweep must exist in the store before the devices are leased."""
     from jbench.analysis.regress import _parse_date
-    from jbench.tracking.common import store_exists
 
     if baseline is None or baseline in ("last", "all") or _parse_date(baseline) is not None:
         return

@@ -31,6 +31,8 @@ from jbench.core.trial import Trial, TrialConfig, context_tokens, trial_config
 from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
+from jbench.models.gguf import GGUFMetaError
+from jbench.core import registry
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")  # tracking: one value only (one sweep, one store)
 
@@ -192,7 +194,6 @@ def _model_facts(path: str):
     """The model file's facts (jbench.models.facts, cached across processes), or None when the file is
     not on this machine or not a readable GGUF file."""
     from jbench.models.facts import model_facts
-    from jbench.models.gguf import GGUFMetaError
 
     try:
         return model_facts(path)
@@ -203,7 +204,6 @@ def _model_facts(path: str):
 def _kv_bytes_per_token(facts, type_k: str, type_v: str) -> Optional[float]:
     """KV-cache bytes per token of context, by the roofline's one formula; None when it cannot tell."""
     from jbench.analysis.roofline import RooflineError, kv_bytes_per_token
-    from jbench.models.gguf import GGUFMetaError
 
     try:
         arch, _ = facts.model_arch()
@@ -605,7 +605,6 @@ def _model_file_problems(cfg: TrialConfig, found: list[str], reads_file: bool) -
 
 def _registered_names_problems(cfg: TrialConfig) -> list[str]:
     """Names that select a plug-in (telemetry.source) must name a registered one; a wall meter section must be usable."""
-    from jbench.core import registry
 
     source = cfg.telemetry.source
     sources = registry.targets(registry.SAMPLERS)

@@ -36,6 +36,12 @@ from jbench.runner.trials import (Preflight, PreflightError, TrialIdentity, Tria
                                   preflight)
 from jbench.runner.units import Units, UnitsError, take_units
 from jbench.sweeps.plan import Plan
+from jbench.runner.recorder import SUMMARY_TABLE
+from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, spool_dir, store_problem
+from jbench.tracking.common import resolve_uri, store_exists
+from jbench.tracking.common import resolve_uri
+from jbench.tracking.common import store_exists
+from jbench.tracking.resume_index import finished_trials_sqlite
 
 log = logging.getLogger("jbench")
 
@@ -105,7 +111,6 @@ def skipped(trial: Trial, key: str, done: dict[str, dict], ooms: list[tuple[tupl
 
 def sweep_note(plan: Plan, trials: list[Trial], description: str, sweep_id: str) -> str:
     """The parent run's description (markdown, the run page's Description)."""
-    from jbench.runner.recorder import SUMMARY_TABLE
 
     lines = [f"**{plan.experiment}**" + (f": {description}" if description else ""), ""]
     dims = ", ".join(f"`{k}` = {', '.join(map(str, v))}" for k, v in plan.dims.items()) or "none (one trial)"
@@ -161,7 +166,6 @@ class _Sweep:
     # -- the whole sweep -----------------------------------------------------------------------------
 
     def run(self) -> SweepOutcome:
-        from jbench.tracking.common import resolve_uri
 
         uri = resolve_uri(self.plan.tracking.uri, self.plan.tracking.results_dir)
         exp_name = self.plan.tracking.experiment_name or self.plan.experiment
@@ -249,11 +253,9 @@ class _Sweep:
     def _finished(self, uri: str, exp_name: str) -> dict[str, dict]:
         """FINISHED trials by identity: from the SQLite file directly when that answers exactly (no MLflow import),
         else through MLflow. Nothing when the store does not exist or sweep.rerun is set."""
-        from jbench.tracking.common import store_exists
 
         if self.plan.sweep.rerun or not store_exists(uri):
             return {}
-        from jbench.tracking.resume_index import finished_trials_sqlite
 
         fast = finished_trials_sqlite(uri, exp_name, key="identity")
         if fast is not None:
@@ -504,8 +506,6 @@ def check_store(tracking: Any, experiment: str) -> Store:
     a newer jbench. `tracking`: the plan's TrackingConfig; `experiment`: the MLflow experiment the runs go to."""
     from urllib.parse import urlparse
 
-    from jbench.tracking.common import (database_problem, redact, resolve_uri, server_problem, spool_dir,
-                                        store_problem)
 
     uri = resolve_uri(tracking.uri, tracking.results_dir)
     shown = redact(uri)
@@ -577,14 +577,12 @@ def estimates(plan: Plan) -> list[Estimate]:
     creating a store (`--dry-run`). Resume matches a trial's identity (configuration, backend build, model file):
     on this machine the identity is computed as the sweep would; a trial on a remote device is matched by its
     configuration and marked unsure. A tracking server that does not answer gives no estimates, not an error."""
-    from jbench.tracking.common import resolve_uri, store_exists
 
     uri = resolve_uri(plan.tracking.uri, plan.tracking.results_dir)
     by_config: dict[str, dict] = {}
     by_identity: dict[str, dict] = {}
     identities: dict[int, TrialIdentity] = {}
     if store_exists(uri):
-        from jbench.tracking.resume_index import finished_trials_sqlite
 
         exp_name = plan.tracking.experiment_name or plan.experiment
         fast = finished_trials_sqlite(uri, exp_name, key="config_hash")

@@ -18,6 +18,7 @@ from jbench.core.protocol import STORE_FORMAT_TAG
 from jbench.tracking.format import StoreFormatError, check_tag
 from jbench.tracking.common import is_remote, redact, resolve_uri, server_problem
 from jbench.core.trial import resume_key
+from jbench.core.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
 
 
 # The trial's identity keys that every reader selects and groups on (`tags.model.quant` ...). Trials record
@@ -407,7 +408,6 @@ def with_current_hashes(df):
     no `jbench.hash_version` tag) are identified again from their params and tags (jbench.identity.run_hashes).
     A row that cannot be recomputed (no params) keeps its recorded config hash; its identity is missing.
     What a run recorded is kept in `tags.jbench.config_hash_recorded`."""
-    from jbench.core.identity import HASH_VERSION, RUN_TAGS, identity_sections, run_hashes
     from jbench.models.digest import unchanged_local_digest
 
     out = df.copy()

@@ -42,6 +42,7 @@ from jbench.core.schema import ProfileConfig
 from jbench.device.connection import Connection
 from jbench.device.telemetry.rails import power_fields
 from jbench.device.telemetry.samplers import StreamSampler, split_stamp
+from jbench.device import ondevice
 
 __all__ = ["HWMON_DEFAULT_INTERVAL_MS", "HWMON_READER", "HWMON_SLOW_MS", "SYSFS_READER", "SysfsSampler",
            "parse_reader_line", "sensor_tags"]
@@ -310,7 +311,6 @@ class SysfsSampler(StreamSampler):
     def _compiled_loop(self) -> Optional[str]:
         """The sampling loop compiled on the device (probes/hwmon_loop.c), or None with the reason in loop_note:
         the Python loop then samples, at a higher CPU cost."""
-        from jbench.device import ondevice
 
         try:
             cc = ondevice.c_compiler(self.conn)
