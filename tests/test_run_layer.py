@@ -3,6 +3,7 @@ trials, the Scheduler's queues. This machine is the device (a local connection);
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -270,3 +271,42 @@ def test_every_unit_runs_every_item_and_reports_what_a_dropped_unit_left():
     left = Scheduler().pool([Unit("u1", None), Unit("u2", None)], [[1, 2], [3]], run, every_unit=True)
     assert ran == {"u1": [1, 2, 3], "u2": [1, 2]}
     assert [(x.unit, x.items) for x in left] == [("u2", [3])]
+
+
+def test_a_link_lost_while_the_wall_meter_starts_stops_the_device_sampler(tmp_path, monkeypatch):
+    """The device's telemetry sampler is started before the wall meter; a ConnectionLost while the meter started
+    left the sampler running on the device."""
+    from jbench.backends.llamacpp.backend import LlamaCppBackend
+    from jbench.device.connection import ConnectionLost
+    from jbench.runner import measure as measure_module
+    from jbench.runner.context import TrialContext
+    from jbench.sweeps.plan import plan
+
+    class Started:
+        source, problem = "fake", None
+        stopped = 0
+
+        def start(self):
+            pass
+
+        def wait_for_samples(self, n, timeout_s):
+            return True
+
+        def stop(self):
+            self.stopped += 1
+            return []
+
+    sampler = Started()
+    monkeypatch.setattr(measure_module, "make_sampler", lambda *a, **k: sampler)
+
+    def link_drops(conn, rounds):
+        raise ConnectionLost("link down while measuring the clock offset")
+
+    monkeypatch.setattr(measure_module, "measure_clock_offset", link_drops)
+    trial = plan(["wall_power.source=shelly", "wall_power.host=127.0.0.1", "wall_power.port=9"], use_grid=False).trials[0]
+    with DeviceSession(_device(tmp_path), owner="s1") as session:
+        assert session.connect() == []
+        ctx = TrialContext(trial, trial.cfg, session, LlamaCppBackend(trial.cfg.backend), logging.getLogger("t"))
+        with pytest.raises(ConnectionLost):
+            measure_module.measure(ctx)
+    assert sampler.stopped == 1

@@ -53,7 +53,11 @@ def measure(ctx: TrialContext) -> None:
     """Run the backend with telemetry; leaves ctx.backend_result and adds energy to ctx.record."""
     tele, backend, trial, log = ctx.cfg.telemetry, ctx.backend, ctx.trial, ctx.log
     sampler = _start_sampler(ctx)
-    wall = _start_wall(ctx)
+    try:
+        wall = _start_wall(ctx)
+    except BaseException:  # a link lost (or Ctrl-C) while the meter starts: the device's sampler stops too
+        sampler.stop()
+        raise
     if isinstance(sampler, NoSampler):
         log.info("telemetry: none (%s)", sampler.problem)
         try:
