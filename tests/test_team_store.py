@@ -44,10 +44,12 @@ def _listing(client: MlflowClient, run_id: str, path=None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def three_controllers(team_store, llama_build, bundled_model, tmp_path_factory):  # noqa: F811
-    """Three controllers, each with its own results directory, sweeping into one experiment at once."""
+    """Three controllers, each with its own results directory, sweeping into one experiment at once. They take turns
+    on this machine (the local device's lease); sweep.rerun=true because a controller that waited would otherwise
+    resume what the one before it finished (the same trials on the same device) and record nothing."""
     base = tmp_path_factory.mktemp("controllers")
-    procs = [_sweep(["model.quant=Q4_0,Q8_0", f"tracking.experiment_name={EXPERIMENT}", *SMALL], base / f"c{i}",
-                    team_store.uri) for i in range(3)]
+    procs = [_sweep(["model.quant=Q4_0,Q8_0", f"tracking.experiment_name={EXPERIMENT}", "sweep.rerun=true", *SMALL],
+                    base / f"c{i}", team_store.uri) for i in range(3)]
     outs = [p.communicate(timeout=900) for p in procs]
     return base, procs, outs
 

@@ -12,13 +12,10 @@ from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import DeviceConfig, ProfileConfig, typed
 from jbench.core.trial import backend_config
 from jbench.device.connection import DeviceError
-from jbench.device.doctor import check_device, worst
+from jbench.device.doctor import Check, check_device, doctor as run_doctor, worst
 from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStrategy
-from jbench.device.doctor import doctor as run_doctor
-from jbench.device.doctor import worst
 from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
-from jbench.device.doctor import Check
 
 
 def _device_config(name: str, config_dirs) -> tuple[DeviceConfig, Optional[ProfileConfig], Any]:

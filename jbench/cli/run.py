@@ -252,7 +252,10 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     notes_shown = len(plan_.notes)
     keys = varying_keys(plan_.trials)
     if dry_run:
-        ests = estimates(plan_)
+        try:
+            ests = estimates(plan_)
+        except SweepInputError as exc:
+            raise _fail(str(exc)) from None
         rows = _records(plan_.trials)
         for e, row in zip(ests, rows):
             row["estimate_s"] = round(e.seconds, 1) if e.seconds else None

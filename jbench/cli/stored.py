@@ -10,10 +10,8 @@ import click
 
 from jbench.cli.app import _fail, common_options, console, err_console, main
 from jbench.core.exitcodes import ExitCode
-from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, store_exists
-from jbench.tracking.common import writable_problem
-from jbench.tracking.common import artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri, runs_view_url, store_exists
-from jbench.tracking.common import database_problem, redact, spool_dir
+from jbench.tracking.common import (artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri,
+                                    runs_view_url, server_problem, spool_dir, store_exists, writable_problem)
 
 
 def _results_dir(results_dir: Optional[str]) -> str:
@@ -309,7 +307,6 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     import signal
     import subprocess
 
-
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
     problem = database_problem(uri, "$MLFLOW_TRACKING_URI")
@@ -370,7 +367,6 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
 def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     """Upload the spool (runs measured while the tracking server did not answer) to the server, exactly once."""
     import os
-
 
     given = uri or os.environ.get("MLFLOW_TRACKING_URI")
     problem = database_problem(given, "--uri" if uri else "$MLFLOW_TRACKING_URI") if given else None

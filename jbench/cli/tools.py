@@ -106,7 +106,6 @@ def telemetry_parse(source, fmt, rails) -> None:
     import csv
     import json
 
-
     spec = rails.split(",") if rails else None
     samples, skipped = parse_stream(source)
     rows = [sample_to_dict(sample, spec) for sample in samples]

@@ -51,7 +51,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from jbench.core import registry
 from jbench.core.identity_keys import ADDED_DEFAULTS
 from jbench.core.registry import backend_schemas
-from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig, _nested_schema, declaration
+from jbench.core.schema import (DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig, _nested_schema,
+                                declaration)
 from jbench.core.trial import flatten
 
 HASH_VERSION = 2

@@ -11,7 +11,8 @@ from typing import Optional
 from jbench.core.schema import DeviceConfig, ProfileConfig
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.fingerprint import parse_sections
-from jbench.device.jetson import JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf, parse_nvpmodel_query
+from jbench.device.jetson import (JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf,
+                                  parse_nvpmodel_query)
 from jbench.device.power import SUDOERS_HINT
 
 

@@ -30,8 +30,7 @@ from jbench.analysis.regress import (NoData, RegressError,
 from jbench.core.results import Status
 from jbench.sweeps.plan import Plan
 from jbench.core.exitcodes import ExitCode
-from jbench.tracking.common import writable_problem
-from jbench.tracking.common import store_exists
+from jbench.tracking.common import store_exists, writable_problem
 
 log = logging.getLogger("jbench")
 

@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+from urllib.parse import urlparse
 
 from jbench.core.exitcodes import ExitCode
 from jbench.core.protocol import PROTOCOL_VERSION
@@ -28,7 +29,7 @@ from jbench.core.results import Category, Status
 from jbench.core.trial import Trial, resume_key
 from jbench.device.connection import DeviceError
 from jbench.runner import scheduler as sched
-from jbench.runner.recorder import Recorder, Tracker, controller_id, source_tags, wall_time
+from jbench.runner.recorder import Recorder, SUMMARY_TABLE, Tracker, controller_id, source_tags, wall_time
 from jbench.runner.scheduler import Scheduler, Stopped, Unit, group_runs
 from jbench.runner.session import DeviceSession
 from jbench.runner.stages import Stage, default_stages
@@ -36,11 +37,8 @@ from jbench.runner.trials import (Preflight, PreflightError, TrialIdentity, Tria
                                   preflight)
 from jbench.runner.units import Units, UnitsError, take_units
 from jbench.sweeps.plan import Plan
-from jbench.runner.recorder import SUMMARY_TABLE
-from jbench.tracking.common import database_problem, redact, resolve_uri, server_problem, spool_dir, store_problem
-from jbench.tracking.common import resolve_uri, store_exists
-from jbench.tracking.common import resolve_uri
-from jbench.tracking.common import store_exists
+from jbench.tracking.common import (database_problem, redact, resolve_uri, server_problem, spool_dir, store_exists,
+                                    store_problem)
 from jbench.tracking.resume_index import finished_trials_sqlite
 
 log = logging.getLogger("jbench")
@@ -500,22 +498,27 @@ class Store:
 _STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "databricks", "databricks-uc")
 
 
-def check_store(tracking: Any, experiment: str) -> Store:
-    """The results directory and store can be written, the URI is one MLflow can open, a tracking server answers
-    (else tracking.unreachable decides: stop with SweepInputError, or spool), and the experiment was not written by
-    a newer jbench. `tracking`: the plan's TrackingConfig; `experiment`: the MLflow experiment the runs go to."""
-    from urllib.parse import urlparse
-
-
+def check_store_uri(tracking: Any) -> str:
+    """The tracking URI, refused with SweepInputError when MLflow cannot open it or it names a database (a dry run
+    checks this much: it reads the store for its estimates)."""
     uri = resolve_uri(tracking.uri, tracking.results_dir)
-    shown = redact(uri)
     source = "tracking.uri" if tracking.uri else "$MLFLOW_TRACKING_URI"
     problem = database_problem(uri, source)
     if problem:
         raise SweepInputError(problem)
     if urlparse(uri).scheme.split("+")[0] not in _STORE_SCHEMES:
-        raise SweepInputError(f"{source} '{shown}' is not a tracking store MLflow can open: give http(s)://HOST:PORT "
-                              "for an MLflow server, sqlite:///PATH, or unset it to use the results directory")
+        raise SweepInputError(f"{source} '{redact(uri)}' is not a tracking store MLflow can open: give "
+                              "http(s)://HOST:PORT for an MLflow server, sqlite:///PATH, or unset it to use the "
+                              "results directory")
+    return uri
+
+
+def check_store(tracking: Any, experiment: str) -> Store:
+    """The URI is one MLflow can open (check_store_uri), the results directory and store can be written, a tracking
+    server answers (else tracking.unreachable decides: stop with SweepInputError, or spool), and the experiment was
+    not written by a newer jbench. `tracking`: the plan's TrackingConfig; `experiment`: the MLflow experiment."""
+    uri = check_store_uri(tracking)
+    shown = redact(uri)
     problem = store_problem(uri, tracking.results_dir)
     if problem:
         raise SweepInputError(f"cannot write results: {problem}. Set tracking.results_dir (or $JBENCH_RESULTS_DIR) "
@@ -578,7 +581,7 @@ def estimates(plan: Plan) -> list[Estimate]:
     on this machine the identity is computed as the sweep would; a trial on a remote device is matched by its
     configuration and marked unsure. A tracking server that does not answer gives no estimates, not an error."""
 
-    uri = resolve_uri(plan.tracking.uri, plan.tracking.results_dir)
+    uri = check_store_uri(plan.tracking)
     by_config: dict[str, dict] = {}
     by_identity: dict[str, dict] = {}
     identities: dict[int, TrialIdentity] = {}
