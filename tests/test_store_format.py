@@ -73,7 +73,7 @@ def test_a_store_is_created_whole_or_not_at_all(tmp_path, monkeypatch):
     real = mlflow_utils._get_store
 
     def dies_midway(uri, artifact_uri=None):
-        store = real(uri, artifact_uri)  # the tables exist in the temporary file...
+        real(uri, artifact_uri)  # the tables exist in the temporary file...
         raise KeyboardInterrupt("killed while creating the store")  # ...then the controller dies
 
     monkeypatch.setattr(mlflow_utils, "_get_store", dies_midway)

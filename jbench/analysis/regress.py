@@ -69,8 +69,7 @@ from jbench.analysis.stats import describe, mann_whitney_u, min_attainable_p
 from jbench.core.exitcodes import ExitCode
 
 __all__ = ["FINGERPRINT_TAGS", "CODE_TAGS", "environment_changes", "MetricCheck", "ConfigResult", "NoData",
-           "RegressError", "RegressReport", "regress",
-           "ExitCode.FAILED", "ExitCode.NO_VERDICT"]
+           "RegressError", "RegressReport", "regress"]
 
 
 # jbench.protocol_version: a change of the measurement protocol (jbench.core.protocol) changes what a figure means;

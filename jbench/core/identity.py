@@ -42,10 +42,8 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from dataclasses import MISSING
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from jbench.core import registry

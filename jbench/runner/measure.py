@@ -143,7 +143,7 @@ def _energy_pass(ctx: TrialContext, phase: str, speed: PhaseResult, window: Phas
     (energy.speed_match_retries times); the last one is kept either way and the caller withholds its
     tokens/J when it still does not match.
     """
-    tele, cfg, log = ctx.cfg.telemetry, ctx.cfg.energy, ctx.log
+    cfg, log = ctx.cfg.energy, ctx.log
     w, pr, match = window, speed, None
     attempts = retries = 0
     # Repetitions can get faster once caches are warm: grow the pass until the window is long enough.
