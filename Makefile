@@ -44,15 +44,25 @@ demo: setup
 	@echo
 	@echo "Compare the runs in the MLflow UI:  $(BIN)/jbench ui   then open the link it prints (the runs view)"
 
-# Every test, each under pytest-timeout's limit (`timeout` in pyproject.toml).
+# Every test, each under pytest-timeout's limit (`timeout` in pyproject.toml), in two passes (README.md gives the
+# measured times): every test not marked `alone` on $(TEST_WORKERS) pytest-xdist workers (--dist loadfile keeps an
+# xdist_group on one worker), then the `alone` tests (a speed difference between real builds, or a load they make)
+# serially, with nothing beside them. The SIMD-less llama-bench those need builds (niced, through ccache) in the
+# background beside the first pass, which the second waits for (tests/nosimd_build.py; the fixture builds it anyway
+# if this did not). The exit status is the first pass's failure, else the second's.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	@$(BIN)/python -m tests.nosimd_build & build=$$!; status=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" || status=$$?; \
+	wait $$build || true; \
+	$(BIN)/python -m pytest -q -m "alone" || { rc=$$?; [ $$status -ne 0 ] || status=$$rc; }; \
+	exit $$status
 
-# The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, no test over ~3 s
-# (README.md gives the tier's measured time). JBENCH_TEST_TIER=fast makes a test that starts one of those without its
-# marker fail (tests/conftest.py).
+# The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, no test over ~3 s,
+# on $(TEST_WORKERS) pytest-xdist workers (README.md gives the tier's measured time). JBENCH_TEST_TIER=fast makes a test
+# that starts one of those without its marker fail (tests/conftest.py).
 test-fast: $(STAMP)
-	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not e2e and not ssh and not slow and not coordinator"
+	JBENCH_TEST_TIER=fast $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not ssh and not slow and not coordinator"
 
 bench: setup
 	$(BIN)/python bench/overhead.py

@@ -6,13 +6,16 @@ server, Chromium, or a `jbench` CLI subprocess), `ssh` (a real sshd: the emulate
 `labgrid-coordinator`), `slow` (pure Python, over ~3 s). `make test-fast` sets JBENCH_TEST_TIER=fast and deselects
 all four; in that tier the guard below makes
 a test that starts one of those processes (or uses `llama_build` / `bundled_model`) without its marker fail, so the
-marks cannot drift."""
+marks cannot drift.
+
+`alone` (a speed difference between real builds, or a load the test makes) is not a tier but where a test runs:
+`make test` runs the others on pytest-xdist workers, then the `alone` ones serially; an `alone` test fails in an
+xdist worker (pytest_runtest_setup below)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import re
 import shlex
@@ -59,34 +62,15 @@ def bundled_model() -> dict:
     return files
 
 
-# A llama.cpp build that really is slower: the cached build's sources with SIMD disabled (bisect, confirmation).
-NOSIMD_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=OFF", "-DGGML_AVX=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX2=OFF",
-                "-DGGML_BMI2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
-                "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-                "-DGGML_AMX_BF16=OFF"]
-
-
 @pytest.fixture(scope="session")
 def nosimd_build(llama_build) -> str:
-    """llama-bench from the cached build's sources with SIMD disabled (x86-64's baseline SSE2 remains), built once
-    into the cache ($JBENCH_CACHE_DIR-aware) with -j2 under nice. Returns its bin directory."""
-    import platform
+    """llama-bench from the cached build's sources with SIMD disabled (x86-64's baseline SSE2 remains): a build that
+    really is slower (bisect, confirmation). Built once per cache, with -j2 under nice (tests/nosimd_build.py);
+    another process building it (a pytest-xdist worker, `make test`'s head start) is waited for. Returns its bin
+    directory."""
+    from .nosimd_build import ensure_nosimd_build
 
-    from jbench.core import paths
-    from jbench.models.provision import (LLAMA_CPP_PYTHON_VERSION, cmake_args, compile_llamacpp, extract_sources,
-                                         fetch_sdist)
-
-    commit = llama_build["build_commit"]
-    root = paths.llamacpp_builds_dir() / f"{LLAMA_CPP_PYTHON_VERSION}-{commit}-cpu-nosimd-{platform.machine()}"
-    if not (root / "bin" / "llama-bench").exists():
-        src, _ = extract_sources(fetch_sdist(lambda m: None), lambda m: None)
-        root.mkdir(parents=True, exist_ok=True)
-        # nice: the build shares the machine with the tests around it.
-        compile_llamacpp(src, root, cmake_args(commit, False) + NOSIMD_FLAGS, ("llama-bench",), 2,
-                         root / "build.log", nice=True)
-        (root / "build.json").write_text(json.dumps({"build_commit": commit, "flavor": "cpu-nosimd",
-                                                     "cmake_args": cmake_args(commit, False) + NOSIMD_FLAGS}))
-    return str(root / "bin")
+    return str(ensure_nosimd_build(llama_build["build_commit"]))
 
 
 def jbench_cli(args: list[str], *, env_extra: dict | None = None, cwd: Path | None = None,
@@ -257,7 +241,24 @@ _restore: list = []  # (object, attribute, original) to put back at the end of t
 _saved_env: dict = {}
 
 
+# What a pytest-xdist worker's environment has that the pytest process that started it did not: COLUMNS=80 and
+# LINES=24 appear in the workers, and every CLI a test starts would print 80 columns wide.
+_WORKER_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the controlling process: hand each worker the terminal variables of this process."""
+    node.workerinput["jbench_env"] = {name: os.environ.get(name) for name in _WORKER_ENV}
+
+
 def pytest_configure(config):
+    # A pytest-xdist worker: the tests' processes see the environment of a run without xdist.
+    for name, value in getattr(config, "workerinput", {}).get("jbench_env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # The local device's lease and power-state files (conf/device/local.yaml) in a directory of this test process:
     # a developer's own sweep, or another test process (pytest-xdist workers), never holds the tests' device.
     if "JBENCH_STATE_DIR" not in _saved_env:
@@ -289,6 +290,14 @@ def pytest_unconfigure(config):
             os.environ.pop("JBENCH_CACHE_DIR", None)
         else:
             os.environ["JBENCH_CACHE_DIR"] = previous
+
+
+def pytest_runtest_setup(item):
+    """A test marked `alone` measures a speed difference or makes its own load: it never shares the cores with
+    other tests, so it fails in a pytest-xdist worker (`make test` runs it in its serial pass)."""
+    if item.get_closest_marker("alone") is not None and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail(f"{item.nodeid} is marked `alone` (it measures speed) and must not run beside other tests: run it "
+                    "without pytest-xdist's -n, as `make test`'s second pass does (-m alone)", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -131,6 +131,7 @@ def _runs(results: Path) -> list:
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # the speed difference of two real builds
 @pytest.mark.timeout(2400)  # the first use builds the SIMD-less llama-bench: minutes on two cores
 def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llama_build, nosimd_build,
                                                                  bundled_model):
@@ -163,6 +164,7 @@ def assert_fast_fast_slow_slow_steps(runs: list, parent, commit: str) -> list:
 
 
 @pytest.mark.e2e
+@pytest.mark.alone  # two builds measured as equally fast
 def test_bisect_stops_when_the_ends_do_not_differ(tmp_path, llama_build, bundled_model):
     dirs = _ladder(tmp_path, llama_build["bin_dir"], llama_build["bin_dir"], ["fast", "fast"])
     results = tmp_path / "results"
@@ -193,6 +195,7 @@ def test_bad_input_is_one_message(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # the speed difference of two real builds
 @pytest.mark.timeout(2400)  # the SIMD-less build, when this test is the first to need it
 def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama_build, nosimd_build, bundled_model):
     """--repo: the commits between --good and --bad, each commit's llama-bench found in the per-commit cache

@@ -25,6 +25,7 @@ from tests.test_ssh_devices import _wait_for, device_cfg, write_conf
 @pytest.mark.ssh
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # the speed difference of two real builds
 @pytest.mark.timeout(2400)  # the SIMD-less build, when this test is the first to need it
 def test_remote_bisect_finds_the_first_slow_build_under_a_restored_power_state(
         orin_nano_super_r39, tmp_path, llama_build, nosimd_build, bundled_model):
@@ -125,6 +126,7 @@ def test_a_remote_bisect_holds_the_device_and_ctrl_c_restores_its_power_state(or
 @pytest.mark.ssh
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # the speed difference of two real builds
 @pytest.mark.timeout(2400)  # the SIMD-less build, when this test is the first to need it
 def test_remote_bisect_over_git_commits_uses_the_device_build_cache(orin_nano_super_r39, tmp_path, llama_build,
                                                                      nosimd_build, bundled_model):

@@ -183,7 +183,9 @@ def _conf(tmp_path: Path) -> Path:
     (conf / "experiment").mkdir()
     # This machine as a unit of a device class: the nightly runs device=@cpu_host.
     (conf / "device" / "host1.yaml").write_text(yaml.safe_dump({
-        "defaults": ["device_schema", "_self_"], "name": "host1", "kind": "local", "device_class": CLASS}))
+        "defaults": ["device_schema", "_self_"], "name": "host1", "kind": "local", "device_class": CLASS,
+        # its lease in this test process's state directory (tests/conftest.py), as conf/device/local.yaml does
+        "paths": {"state_dir": "${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}"}}))
     (conf / "experiment" / f"{EXPERIMENT}.yaml").write_text("# @package _global_\n" + yaml.safe_dump({
         "experiment": {"name": EXPERIMENT, "description": "one small configuration"},
         "model": {"quant": "Q4_0"},
@@ -239,6 +241,7 @@ def _nights(conf: Path, results: Path, builds: list[str], load_from: int | None 
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # the speed difference of two real builds
 def test_nightly_confirms_a_real_regression_on_real_builds(tmp_path, llama_build, bundled_model, nosimd_build):
     conf, results = _conf(tmp_path), tmp_path / "r"
     good, slow = _build_dir(tmp_path, "b-good", llama_build["bin_dir"]), _build_dir(tmp_path, "b-new", nosimd_build)
@@ -285,6 +288,7 @@ def test_nightly_confirms_a_real_regression_on_real_builds(tmp_path, llama_build
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.alone  # a drop from the load it makes, which the unloaded confirmation must not see
 def test_a_drop_from_load_is_cleared_by_the_confirmation(tmp_path, llama_build, bundled_model):
     conf, results = _conf(tmp_path), tmp_path / "r"
     good = _build_dir(tmp_path, "b-good", llama_build["bin_dir"])

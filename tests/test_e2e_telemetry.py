@@ -25,6 +25,8 @@ def _local_jetson_conf(tmp_path: Path) -> Path:
     (conf / "device").mkdir(parents=True)
     (conf / "device" / "bench_orin.yaml").write_text(
         "defaults:\n  - device_schema\n  - _self_\nname: bench_orin\nkind: local\nprofile: orin_nano_8gb\n"
+        # its lease in this test process's state directory (tests/conftest.py), as conf/device/local.yaml does
+        "paths:\n  state_dir: ${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}\n"
     )
     return conf
 

@@ -50,7 +50,9 @@ def _run(tmp_path: Path, *extra: str, env_extra: dict[str, str]) -> tuple[dict, 
     (conf / "model" / "standin.yaml").write_text(
         f"defaults: [model_schema, _self_]\nname: standin\nquant: Q4_0\nfiles: {{Q4_0: '{weights}'}}\n")
     (conf / "device" / "bench_orin.yaml").write_text(
-        "defaults:\n  - device_schema\n  - _self_\nname: bench_orin\nkind: local\nprofile: orin_nano_8gb\n")
+        "defaults:\n  - device_schema\n  - _self_\nname: bench_orin\nkind: local\nprofile: orin_nano_8gb\n"
+        # its lease in this test process's state directory (tests/conftest.py), as conf/device/local.yaml does
+        "paths:\n  state_dir: ${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}\n")
     env = {"PATH": f"{FAKE_TEGRASTATS}:{os.environ['PATH']}", "JBENCH_RESULTS_DIR": str(tmp_path / "r"), **env_extra}
     res = jbench_cli(["run", "--config-dir", str(conf), "backend=engine", "model=standin", f"backend.binary={ENGINE}",
                       "device=bench_orin", "telemetry.source=tegrastats", "telemetry.interval_ms=50",

@@ -38,6 +38,7 @@ def test_second_controller_is_refused_naming_the_holder_then_gets_it_after_relea
     second.release()
 
 
+@pytest.mark.slow  # the waiting controller looks again every 5 s
 def test_a_waiting_controller_gets_the_device_when_the_holder_releases(tmp_path):
     conn = LocalConnection("board")
     first = DeviceLease(conn, _device(tmp_path), "sweep-a")

@@ -87,3 +87,65 @@ def test_fast_tier_fails_unmarked_heavy_processes_and_names_the_marker(tmp_path)
 def test_guard_is_off_outside_the_fast_tier(tmp_path):
     out, text = _run_inner(tmp_path, "")
     assert set(out.values()) == {"PASSED"}, text
+
+
+# --- Where tests run: `make test`'s two passes, `make test-fast` in parallel ------------------------------------
+
+def _recipe(target: str) -> str:
+    """The recipe of `target` in the Makefile, its continuation lines joined."""
+    lines = (REPO / "Makefile").read_text().split("\n")
+    start = lines.index(next(x for x in lines if x.startswith(f"{target}:")))
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        body.append(line.strip())
+    return " ".join(body).replace("\\ ", " ")
+
+
+def _pytest_runs(recipe: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"-m pytest (.*?)(?:\|\||;|$)", recipe)]
+
+
+def test_make_test_runs_every_test_once_the_alone_ones_by_themselves():
+    """The parallel pass takes -m "not alone", the serial pass -m "alone" and no -n: together every test, once.
+    Neither deselects anything else (no -k, --deselect, --ignore), and the exit status keeps either's failure."""
+    recipe = _recipe("test")
+    runs = _pytest_runs(recipe)
+    assert len(runs) == 2, recipe
+    parallel, serial = runs
+    assert re.search(r'-m "not alone"(\s|$)', parallel) and re.search(r"-n \S+", parallel), parallel
+    assert re.search(r'-m "alone"(\s|$)', serial) and " -n " not in f" {serial} ", serial
+    for run in runs:
+        assert not re.search(r"(^|\s)(-k|--deselect|--ignore|--ignore-glob|-x|--exitfirst)(\s|=|$)", run), run
+        assert len(re.findall(r"(^|\s)-m\s", run)) == 1, run
+    assert "|| status=$$?" in recipe and "exit $$status" in recipe, recipe
+
+
+def test_make_test_fast_runs_on_xdist_workers():
+    [run] = _pytest_runs(_recipe("test-fast"))
+    assert re.search(r"-n \S+", run) and '-m "not e2e and not ssh and not slow and not coordinator"' in run, run
+
+
+ALONE_INNER = '''
+import pytest
+
+@pytest.mark.alone
+def test_measures_alone():
+    pass
+'''
+
+
+def test_an_alone_test_fails_in_an_xdist_worker_and_passes_serially(tmp_path):
+    (tmp_path / "test_alone_inner.py").write_text(ALONE_INNER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env.pop("JBENCH_TEST_TIER", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    base = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-W", "ignore",
+            "test_alone_inner.py"]
+    serial = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert serial.returncode == 0 and "PASSED test_alone_inner.py::test_measures_alone" in serial.stdout, serial.stdout
+    parallel = subprocess.run([*base, "-n", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert parallel.returncode == 1, parallel.stdout + parallel.stderr
+    assert "test_measures_alone is marked `alone`" in parallel.stdout and "must not run beside other tests" \
+        in parallel.stdout, parallel.stdout

@@ -261,7 +261,9 @@ def _run_local(tmp_path: Path, extra: list[str]):
     conf = tmp_path / "conf"
     (conf / "device").mkdir(parents=True)
     (conf / "device" / "bench_orin.yaml").write_text(
-        "defaults:\n  - device_schema\n  - _self_\nname: bench_orin\nkind: local\nprofile: orin_nano_8gb\n")
+        "defaults:\n  - device_schema\n  - _self_\nname: bench_orin\nkind: local\nprofile: orin_nano_8gb\n"
+        # its lease in this test process's state directory (tests/conftest.py), as conf/device/local.yaml does
+        "paths:\n  state_dir: ${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}\n")
     env = {"PATH": f"{FAKE}:{os.environ['PATH']}", "JBENCH_RESULTS_DIR": str(tmp_path / "r")}
     res = jbench_cli(["run", "--config-dir", str(conf), "device=bench_orin", "telemetry.source=tegrastats",
                       "telemetry.interval_ms=50", "telemetry.idle_s=1", "telemetry.cooldown_s=0.5",

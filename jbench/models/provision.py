@@ -152,18 +152,37 @@ def cmake_args(commit: str, use_cuda: bool) -> list[str]:
     return args
 
 
+def ccache_dir() -> Path:
+    """ccache's cache of llama.cpp compilations: inside jbench's cache, so a fresh $JBENCH_CACHE_DIR starts cold."""
+    return paths.cache_dir() / "ccache"
+
+
+def _compiler_cache() -> tuple[list[str], Optional[dict]]:
+    """(extra CMake arguments, environment) that compile through ccache when it is installed, else ([], None).
+    The object files do not change (ccache returns what the compiler made for the same preprocessed source and
+    flags), so the recorded cmake_args stay the build's configuration. CCACHE_BASEDIR makes the paths under the
+    llama.cpp builds directory relative, so builds in other directories of it (a SIMD-less variant, a bisect
+    commit) reuse what an earlier build compiled with the same flags."""
+    if not shutil.which("ccache"):
+        return [], None
+    env = dict(os.environ, CCACHE_DIR=str(ccache_dir()), CCACHE_BASEDIR=str(paths.llamacpp_builds_dir()))
+    return ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"], env
+
+
 def compile_llamacpp(src: Path, root: Path, args: list[str], targets: tuple[str, ...], jobs: int,
                      log: Path, *, nice: bool = False) -> Path:
     """Configure and build `targets` from the sources in src under root/build; the binaries are copied to
-    root/bin, which is returned. nice: at the lowest CPU priority (a build beside other work). Raises
-    SetupError (with the log's tail) when a step fails."""
+    root/bin, which is returned. nice: at the lowest CPU priority (a build beside other work). Compiles through
+    ccache when it is installed (its cache in $JBENCH_CACHE_DIR/ccache). Raises SetupError (with the log's tail)
+    when a step fails."""
     build_dir = root / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     prefix = ["nice", "-n", "19"] if nice else []
-    _run_logged([*prefix, "cmake", "-S", str(src), "-B", str(build_dir), *generator, *args], log)
+    launcher, env = _compiler_cache()
+    _run_logged([*prefix, "cmake", "-S", str(src), "-B", str(build_dir), *generator, *args, *launcher], log, env=env)
     _run_logged([*prefix, "cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
-                 "--target", *targets], log)
+                 "--target", *targets], log, env=env)
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     for target in targets:

@@ -20,6 +20,7 @@ Needs: /usr/sbin/sshd, ssh-keygen and (for the tests) the ssh client -- Debian/U
 from __future__ import annotations
 
 import atexit
+import fcntl
 import itertools
 import json
 import os
@@ -70,13 +71,24 @@ def _next_serial() -> str:
     return f"14{os.getpid() % 1000000:06d}{next(_serials):05d}"
 
 
+def _worker_slot() -> tuple[int, int]:
+    """(this process's slot, the number of slots): (n, N) in pytest-xdist worker gw<n> of N, else (0, 1)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker[:2] == "gw" and worker[2:].isdigit() and count.isdigit() and int(worker[2:]) < int(count):
+        return int(worker[2:]), int(count)
+    return 0, 1
+
+
 def next_loopback_address() -> str:
-    """127.0.0.2, 127.0.0.3, ... 127.0.0.254, 127.0.1.1, ... (one per emulated device in this process)."""
+    """127.0.0.2, 127.0.0.3, ... 127.0.0.254, 127.0.1.2, ... (one per emulated device in this process). The N
+    workers of a pytest-xdist run take every Nth of them (gw0 127.0.0.2, gw1 127.0.0.3, ...), so parallel workers
+    never share an address (a rebooting device's port stays its own)."""
     global _address_counter
     with _address_lock:
         n = _address_counter
         _address_counter += 1
-    third, fourth = divmod(n, 253)
+    slot, slots = _worker_slot()
+    third, fourth = divmod(n * slots + slot, 253)
     return f"127.0.{third % 250}.{fourth + 2}" if third else f"127.0.0.{fourth + 2}"
 
 
@@ -665,14 +677,19 @@ def jtop_venv() -> Path:
     if ready.exists():
         return JTOP_VENV
     JTOP_VENV.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _run([sys.executable, "-m", "venv", "--clear", str(JTOP_VENV)])
-        _run([str(JTOP_VENV / "bin" / "pip"), "install", "-q", "--only-binary", ":all:",
-              f"jetson-stats=={JTOP_VERSION}"], timeout=600)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        out = getattr(exc, "stderr", "") or ""
-        raise EmulatorError(f"cannot install jetson-stats {JTOP_VERSION} for the emulated jtop service: {out[-500:]}")
-    ready.write_text(JTOP_VERSION + "\n")
+    # One process makes it (pytest-xdist workers, other test sessions): the others wait on the lock, then find it.
+    with open(JTOP_VENV.with_name(JTOP_VENV.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.exists():
+            return JTOP_VENV
+        try:
+            _run([sys.executable, "-m", "venv", "--clear", str(JTOP_VENV)])
+            _run([str(JTOP_VENV / "bin" / "pip"), "install", "-q", "--only-binary", ":all:",
+                  f"jetson-stats=={JTOP_VERSION}"], timeout=600)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            out = getattr(exc, "stderr", "") or ""
+            raise EmulatorError(f"cannot install jetson-stats {JTOP_VERSION} for the emulated jtop service: {out[-500:]}")
+        ready.write_text(JTOP_VERSION + "\n")
     return JTOP_VENV
 
 
