@@ -298,7 +298,7 @@ def test_local_run_reports_wall_energy_next_to_the_board(tmp_path, bundled_model
         assert tags[f"wall.{phase}.energy_method"].startswith("integrated power")  # 3.6 J steps: too coarse
     assert m["decode_wall_tokens_per_joule"] == pytest.approx(
         m["decode_tokens_per_joule"] * BOARD_W / 17.5, rel=1e-9)
-    assert m["idle_wall_power_w"] == pytest.approx(17.5)
+    assert m.get("idle_wall_power_w") == pytest.approx(17.5), tags.get("wall.idle.status")
     assert {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")} >= {"telemetry/wall_samples.csv"}
     # The sweep's summary table shows the wall figure beside the board's.
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])

@@ -78,7 +78,11 @@ def measure(ctx: TrialContext) -> None:
     matches: dict[str, SpeedMatch] = {}  # phase -> how its energy pass's speed compares with the speed pass
     try:
         if tele.idle_s > 0:
-            time.sleep(tele.idle_s)
+            # The idle window is the last idle_s seconds before the newest board sample, which lags the clock by a
+            # sampling interval or more on a loaded controller: wait that much longer, so the window starts after
+            # the wall meter's first reading too (else the wall's idle figure is "not fully inside samples").
+            wall_interval = wall.sampler.interval if wall is not None and wall.sampler is not None else 0.0
+            time.sleep(tele.idle_s + 2 * max(tele.interval_ms / 1000, wall_interval))
             t_end = sampler.latest_time()
             if t_end is not None:
                 windows.append(PhaseWindow("idle", t_end - tele.idle_s, t_end))
