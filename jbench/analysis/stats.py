@@ -218,8 +218,14 @@ class RatioTest:
     high: float
     p_value: float  # two-sided Welch t test of mean(ln B) = mean(ln A)
     df: float  # Welch-Satterthwaite degrees of freedom of the ln values
-    detectable: float  # the smallest change these samples could flag: a ratio beyond 1 +- this (exp(t * se) - 1)
+    detectable: float  # the smallest rise these samples could flag: exp(t * se) - 1 (a ratio above 1 + this)
     reason: str = ""  # why the interval and test are NaN ("" when computed)
+
+    @property
+    def detectable_drop(self) -> float:
+        """The smallest drop these samples could flag, 1 - exp(-t * se) (a ratio below 1 - this): on the log
+        scale as far from no change as `detectable`, so a little smaller."""
+        return 1.0 - 1.0 / (1.0 + self.detectable)
 
 
 def ratio_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> RatioTest:

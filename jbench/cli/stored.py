@@ -54,9 +54,16 @@ def _sample_loader(tracker):
     return lambda run_ids, metric: repetition_samples(tracker, list(run_ids), metric)
 
 
-def _selection(tracker, spec: str):
+# The summary prints 8 characters of a run id; fewer than 6 is a typo or the table's # column, never a run id
+# (one character matches some run in any store).
+MIN_PREFIX = 6
+
+
+def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
     """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or TAG=VALUE ->
-    the trial runs it names."""
+    the trial runs it names (only those of sweep_ids when given)."""
+    import re
+
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
     if "=" in spec:
@@ -66,13 +73,21 @@ def _selection(tracker, spec: str):
         df = runs_frame(tracker, sweep_ids=[spec])
         if df.empty:
             df = runs_frame(tracker, run_ids=[spec])
-        if df.empty and spec:
+        if df.empty and re.fullmatch(r"[0-9a-fA-F]+", spec):
+            if len(spec) < MIN_PREFIX:
+                raise _fail(f"'{spec}' is too short for a run id prefix: give at least {MIN_PREFIX} characters (the "
+                            "summary's run id column shows 8; its # column is not a run id), a sweep id or TAG=VALUE")
             every = runs_frame(tracker)
             df = every[every["run_id"].str.startswith(spec.lower())] if not every.empty else every
             if len(df) > 1:
                 shown = ", ".join(str(r)[:12] for r in df["run_id"][:5])
                 raise _fail(f"run id prefix '{spec}' is ambiguous: it matches {len(df)} runs ({shown}"
                             f"{', ...' if len(df) > 5 else ''}); give more characters")
+    if sweep_ids and not df.empty:
+        df = df[df["tags.jbench.sweep_id"].isin(sweep_ids)] if "tags.jbench.sweep_id" in df.columns else df.iloc[0:0]
+        if df.empty:
+            raise _fail(f"'{spec}' selects no trial runs in sweep {', '.join(sweep_ids)}: check the sweep id "
+                        "(the summary's first line) or drop --sweep")
     if df.empty:
         raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id or its "
                     "prefix, or TAG=VALUE")
@@ -144,19 +159,37 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
 @main.command()
 @click.argument("a")
 @click.argument("b")
+@click.option("--along", "along", multiple=True, metavar="KEY",
+              help="Compare along this config key (model.quant, power.mode, backend.name, ...): each configuration "
+                   "of A against the one of B that differs only there. Implied by A and B that are KEY=VALUE of "
+                   "one config key.")
+@click.option("--sweep", "sweep_ids", multiple=True, metavar="ID",
+              help="Only runs of this sweep (repeatable): e.g. two quants of one sweep.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @common_options
-def compare(a, b, as_json, results_dir) -> None:
+def compare(a, b, along, sweep_ids, as_json, results_dir) -> None:
     """Compare A and B (sweep ids, run ids or TAG=VALUE): change per matched configuration with a
-    95 % confidence interval and a Mann-Whitney test on the repetition samples."""
+    95 % confidence interval and the test it comes from (Welch t on ln(rate)), and the smallest change
+    the samples could detect.
+
+    \b
+    jbench compare SWEEP_A SWEEP_B                           # same configurations, two sweeps
+    jbench compare model.quant=Q4_0 model.quant=Q8_0 --sweep ID   # two quants of one sweep
+    jbench compare power.mode=15W power.mode=MAXN_SUPER        # along power.mode, all else equal
+    """
     import json
 
-    from jbench.analysis.compare import CompareError, compare as run_compare
+    from jbench.analysis.compare import CompareError, compare as run_compare, identity_rows
 
     tracker = _results_tracker(results_dir)
-    df_a, df_b = _selection(tracker, a), _selection(tracker, b)
+    df_a, df_b = _selection(tracker, a, sweep_ids), _selection(tracker, b, sweep_ids)
+    key_a, _, value_a = a.partition("=")
+    key_b, _, value_b = b.partition("=")
+    # Two values of one config key (a param, not a tag such as backend.build_commit): compared along that key.
+    if not along and value_a and key_a == key_b and value_a != value_b and any(key_a in it for it in identity_rows(df_a)):
+        along = (key_a,)
     try:
-        result = run_compare(df_a, df_b, _sample_loader(tracker))
+        result = run_compare(df_a, df_b, _sample_loader(tracker), along=along)
     except CompareError as exc:
         raise _fail(str(exc)) from None
     if as_json:
