@@ -60,8 +60,8 @@ MIN_PREFIX = 6
 
 
 def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
-    """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or TAG=VALUE ->
-    the trial runs it names (only those of sweep_ids when given)."""
+    """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or KEY=VALUE (a tag, else
+    a param: a config key) -> the trial runs it names (only those of sweep_ids when given)."""
     import re
 
     from jbench.tracking.reader import runs_frame, with_current_hashes
@@ -69,6 +69,10 @@ def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
     if "=" in spec:
         tag, _, value = spec.partition("=")
         df = runs_frame(tracker, tag_filters={tag: value})
+        if df.empty:  # a config key recorded as a param only (power.mode, backend.n_gen, ...)
+            every = runs_frame(tracker)
+            col = f"params.{tag}"
+            df = every[every[col] == value] if col in every.columns else every.iloc[0:0]
     else:
         df = runs_frame(tracker, sweep_ids=[spec])
         if df.empty:
@@ -76,7 +80,7 @@ def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
         if df.empty and re.fullmatch(r"[0-9a-fA-F]+", spec):
             if len(spec) < MIN_PREFIX:
                 raise _fail(f"'{spec}' is too short for a run id prefix: give at least {MIN_PREFIX} characters (the "
-                            "summary's run id column shows 8; its # column is not a run id), a sweep id or TAG=VALUE")
+                            "summary's run id column shows 8; its # column is not a run id), a sweep id or KEY=VALUE")
             every = runs_frame(tracker)
             df = every[every["run_id"].str.startswith(spec.lower())] if not every.empty else every
             if len(df) > 1:
@@ -90,7 +94,7 @@ def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
                         "(the summary's first line) or drop --sweep")
     if df.empty:
         raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id or its "
-                    "prefix, or TAG=VALUE")
+                    "prefix, or KEY=VALUE (a tag or a config key)")
     return with_current_hashes(df)  # runs recorded under an older hash scheme match today's
 
 
@@ -168,14 +172,15 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @common_options
 def compare(a, b, along, sweep_ids, as_json, results_dir) -> None:
-    """Compare A and B (sweep ids, run ids or TAG=VALUE): change per matched configuration with a
+    """Compare A and B (sweep ids, run ids or KEY=VALUE of a tag or config key): change per matched configuration with a
     95 % confidence interval and the test it comes from (Welch t on ln(rate)), and the smallest change
     the samples could detect.
 
     \b
-    jbench compare SWEEP_A SWEEP_B                           # same configurations, two sweeps
-    jbench compare model.quant=Q4_0 model.quant=Q8_0 --sweep ID   # two quants of one sweep
-    jbench compare power.mode=15W power.mode=MAXN_SUPER        # along power.mode, all else equal
+    Examples:
+      jbench compare SWEEP_A SWEEP_B       # the same configurations
+      jbench compare model.quant=Q4_0 model.quant=Q8_0 --sweep ID
+      jbench compare SWEEP_A SWEEP_B --along backend.name
     """
     import json
 
