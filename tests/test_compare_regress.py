@@ -321,6 +321,11 @@ def test_only_in_labels_name_configurations_apart():
     # two configurations share the trial label Q8_0: each gets its short hash
     h = df["tags.jbench.config_hash"]
     assert result.only_in_a == [f"Q8_0 ({h.iloc[1][:8]})", f"Q8_0 ({h.iloc[2][:8]})"]
+    # and so do the table's rows
+    again, s3 = trial_rows([{"model.quant": "Q4_0", "rate": 59.0}, {"model.quant": "Q8_0", "rate": 45.5},
+                            {"model.quant": "Q8_0", "backend.n_gen": "128", "rate": 44.5}], sweep="s3")
+    rows = compare(df, again, {"decode_tps_rep": {**samples["decode_tps_rep"], **s3["decode_tps_rep"]}}).table
+    assert list(rows["label"]) == ["Q4_0", f"Q8_0 ({h.iloc[1][:8]})", f"Q8_0 ({h.iloc[2][:8]})"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ test on ln(samples) (a rate is positive and its noise multiplicative):
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -207,8 +208,6 @@ def _along(ta: pd.DataFrame, tb: pd.DataFrame, along: Sequence[str]) -> _Pairing
     keys_a, keys_b = set().union(*ia), set().union(*ib)
     for key in along:
         if key not in keys_a | keys_b:
-            import difflib
-
             close = difflib.get_close_matches(key, sorted(keys_a | keys_b), n=1)
             diff = [d.split(" ", 1)[0] for d in differences(ia, ib)]
             raise CompareError(
@@ -231,10 +230,10 @@ def _along(ta: pd.DataFrame, tb: pd.DataFrame, along: Sequence[str]) -> _Pairing
                 f"{side.upper()} holds several values of {', '.join(along)} for one configuration "
                 f"({', '.join(sorted(values))}): select one, e.g. {along[0]}=VALUE, or restrict it with --sweep")
     for (side, g), rest in list(labels.items()):
-        value = next(iter(along_of[(side, g)]))
-        other = "b" if side == "a" else "a"
-        if (other, g) in along_of and side == "a":
-            value = f"{value} → {next(iter(along_of[(other, g)]))}"
+        (value,) = along_of[(side, g)]
+        if side == "a" and ("b", g) in along_of:  # a matched pair reads "Q4_0 → Q8_0"
+            (other,) = along_of[("b", g)]
+            value = f"{value} → {other}"
         labels[(side, g)] = f"{value} {rest}".strip()
     return _Pairing(groups["a"], groups["b"], labels, sorted((keys_a ^ keys_b) - set(along)))
 
@@ -298,9 +297,8 @@ class Comparison:
         for r in self.table.itertuples(index=False):
             ci = "n/a" if math.isnan(r.ci_low_pct) else f"[{r.ci_low_pct:+.2f} %, {r.ci_high_pct:+.2f} %]"
             mark = " *" if r.significant else ""
-            shown = r.label if r.config_hash == r.config_hash_b or self.along else f"{r.label} `{r.config_hash}`"
             lines.append(
-                f"| {shown} | {r.device} | {r.metric} | {r.n_a} | {r.n_b} | {_fmt(r.gmean_a)} | "
+                f"| {r.label} | {r.device} | {r.metric} | {r.n_a} | {r.n_b} | {_fmt(r.gmean_a)} | "
                 f"{_fmt(r.gmean_b)} | {_pct(r.change_pct)}{mark} | {ci} | {_fmt_p(r.p_value)} | "
                 f"{_detectable(r.detectable_drop_pct, r.detectable_pct)} |")
             if r.note:
@@ -427,10 +425,13 @@ def compare(
         ids = list(dict.fromkeys([*ta["run_id"], *tb["run_id"]]))
         samples = {f"{m}_rep": dict(samples(ids, f"{m}_rep")) for m in names}
     order = list(dict.fromkeys(g for g in ga if g in common))
+    # configurations that share a label (another device, a key the label leaves out) get their short hash
+    names_of = dict(zip(order, _distinct([pairing.labels[("a", g)] for g in order],
+                                         [ta[ga == g][CONFIG_HASH].iloc[-1] for g in order])))
     records = []
     for g in order:
         ra, rb = ta[ga == g], tb[gb == g]
-        label, device = pairing.labels[("a", g)], _device(rb) or _device(ra)
+        label, device = names_of[g], _device(rb) or _device(ra)
         for m in names:
             xa, kind_a = samples_for(ra, m, samples)
             xb, kind_b = samples_for(rb, m, samples)
