@@ -175,7 +175,7 @@ def test_compare_table_and_json():
     a = df[df["tags.jbench.sweep_id"] == "sweep-000"]
     b = df[(df["tags.jbench.sweep_id"] == "sweep-001") & (df["params.model.quant"] != "z")]
     result = compare(a, b, samples)
-    assert result.only_in_a == ["model.quant=z"] and result.only_in_b == []  # labels, not hashes
+    assert result.only_in_a == ["z"] and result.only_in_b == []  # labels, not hashes
     assert result.metrics == ["prefill_tps", "decode_tps", "decode_tokens_per_joule"]
     t = result.table.set_index(["config_hash", "metric"])
     x = t.loc[("hash-x", "decode_tps")]
@@ -191,12 +191,12 @@ def test_compare_table_and_json():
     assert tpj["samples"] == "runs" and tpj["n_a"] == 1 and math.isnan(tpj["ci_low_pct"])
     assert tpj["note"] == "1 vs 1 samples: a test needs at least 2 on each side" and not tpj["significant"]
     doc = json.loads(json.dumps(result.to_dict()))  # JSON-able, NaN as null
-    assert doc["only_in_a"] == ["model.quant=z"] and len(doc["rows"]) == 6 and doc["alpha"] == 0.05
+    assert doc["only_in_a"] == ["z"] and len(doc["rows"]) == 6 and doc["alpha"] == 0.05
     md = result.to_markdown()
-    assert "| decode_tps |" in md and "Only in A (not compared): model.quant=z" in md
-    assert "Not tested: model.quant=x decode_tokens_per_joule: 1 vs 1 samples" in md
+    assert "| decode_tps |" in md and "Only in A (not compared): z" in md
+    assert "Not tested: x decode_tokens_per_joule: 1 vs 1 samples" in md
     assert re.search(r"Smallest detectable change at these sample sizes \(5 vs 5\) and the noise measured: "
-                     r"-\d\.\d\d % / \+\d\.\d\d % \(model.quant=\w \w+\) to -\d\.\d\d % / \+\d\.\d\d %", md), md
+                     r"-\d\.\d\d % / \+\d\.\d\d % \(\w \w+\) to -\d\.\d\d % / \+\d\.\d\d %", md), md
     assert 0 < x["detectable_drop_pct"] < x["detectable_pct"] < 3
     # A loader (run_ids, stepped metric) -> samples gives the same table.
     loaded = compare(a, b, lambda ids, m: {r: samples[m][r] for r in ids if r in samples.get(m, {})})
@@ -318,14 +318,17 @@ def test_only_in_labels_name_configurations_apart():
                               {"model.quant": "Q8_0", "backend.n_gen": "128", "rate": 44.0}])
     b, s2 = trial_rows([{"model.quant": "Q4_0", "rate": 59.0}], sweep="s2")
     result = compare(df, b, {"decode_tps_rep": {**samples["decode_tps_rep"], **s2["decode_tps_rep"]}})
-    # two configurations share the trial label Q8_0: each gets its short hash
-    h = df["tags.jbench.config_hash"]
-    assert result.only_in_a == [f"Q8_0 ({h.iloc[1][:8]})", f"Q8_0 ({h.iloc[2][:8]})"]
-    # and so do the table's rows
-    again, s3 = trial_rows([{"model.quant": "Q4_0", "rate": 59.0}, {"model.quant": "Q8_0", "rate": 45.5},
-                            {"model.quant": "Q8_0", "backend.n_gen": "128", "rate": 44.5}], sweep="s3")
-    rows = compare(df, again, {"decode_tps_rep": {**samples["decode_tps_rep"], **s3["decode_tps_rep"]}}).table
-    assert list(rows["label"]) == ["Q4_0", f"Q8_0 ({h.iloc[1][:8]})", f"Q8_0 ({h.iloc[2][:8]})"]
+    # named by the keys that vary, as the sweep summary names trials (the trial label alone says Q8_0 twice)
+    assert result.only_in_a == ["Q8_0 n_gen=64", "Q8_0 n_gen=128"]
+    assert list(result.table["label"]) == ["Q4_0 n_gen=64"]
+    # runs without params (nothing to name them by) that share a trial label: each gets its short hash
+    hist, hs = history(sweeps=2, configs=("x", "y", "z"), seed=5)
+    hist = hist.drop(columns=["params.model.quant"]).assign(**{"tags.jbench.trial_label": "same"})
+    a = hist[hist["tags.jbench.sweep_id"] == "sweep-000"]
+    rows = compare(a, hist[hist["tags.jbench.sweep_id"] == "sweep-001"], hs).table
+    assert list(dict.fromkeys(rows["label"])) == ["same (hash-x)", "same (hash-y)", "same (hash-z)"]
+    result = compare(a, hist[(hist["tags.jbench.sweep_id"] == "sweep-001") & (hist["run_id"] != "r001020005")], hs)
+    assert result.only_in_a == ["same"]  # alone in its list: no hash needed
 
 
 # --------------------------------------------------------------------------------------------

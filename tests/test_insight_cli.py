@@ -101,6 +101,53 @@ def test_compare_two_quants_of_one_sweep(two_sweeps):
     assert "| Q4_0 → Q8_0 | local | decode_tps | 3 | 3 |" in res.stdout
 
 
+def _in_tmux(args: list[str], env: dict, width: int = 80) -> tuple[list[str], list[str]]:
+    """Run `jbench ARGS` in a detached tmux pane `width` columns wide, as a user at a terminal would; returns the
+    pane's lines as shown and as printed (tmux joining the lines the terminal wrapped), without trailing blanks."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    exe = str(Path(sys.executable).with_name("jbench"))
+    wanted = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "JBENCH_CACHE_DIR")}
+    command = " ".join(["env", *(shlex.quote(f"{k}={v}") for k, v in {**wanted, **env}.items()), shlex.quote(exe),
+                        *map(shlex.quote, args), "; echo __exit=$?; sleep 600"])
+    socket = f"jbench-test-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", socket]
+    subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", "200", "-s", "t", command], check=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            shown = subprocess.run([*tmux, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+            if "__exit=" in shown or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        joined = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-t", "t"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert "__exit=0" in shown, shown
+    return tuple([line.rstrip() for line in text.rstrip("\n").splitlines()] for text in (shown, joined))
+
+
+def test_compare_at_80_columns_in_a_terminal(two_sweeps):
+    """In a terminal 80 columns wide (tmux) the comparison is a table per rate whose every line fits, and notes
+    wrapped at words: nothing for the terminal to break mid-word."""
+    _, env, (_, b) = two_sweeps
+    shown, joined = _in_tmux(["compare", "model.quant=Q4_0", "model.quant=Q8_0", "--sweep", b], env)
+    assert shown == joined, "\n".join(shown)  # the terminal wrapped no line: each fits in 80 columns
+    text = "\n".join(shown)
+    assert shown[0].startswith("Along model.quant: each configuration of A against the one of B"), text
+    rows = [line for line in shown if line.strip().startswith("Q4_0 → Q8_0")]
+    cells = (r"Q4_0 → Q8_0\s+[\d.]+ → [\d.]+\s+[-+]\d+\.\d( \*)?\s+[-+]\d+\.\d…[-+]\d+\.\d\s+(\d\.\d{3}|\de-\d+)\s+"
+             r"-\d+\.\d/\+\d+\.\d$")  # configuration, A → B, change, interval, p, detectable: whole, on one line
+    assert len(rows) == 2 and all(re.fullmatch(cells, r.strip()) for r in rows), text
+    words = " ".join(line.strip() for line in shown)
+    assert "Smallest detectable change at these sample sizes (3 vs 3) and the noise measured: -" in words, text
+
+
 def test_rate_intervals_stay_above_zero(two_sweeps, tmp_path):
     results, env, _ = two_sweeps
     out = tmp_path / "runs.csv"
@@ -134,7 +181,7 @@ def test_compare_refuses_what_it_cannot_compare(two_sweeps):
     res = jbench_cli(["compare", a, q4[:8]], env_extra=env)
     assert res.returncode == 0, res.stderr
     only = [line for line in res.stdout.splitlines() if line.startswith("Only in A")]
-    assert only == ["Only in A (not compared): model.quant=Q8_0"], res.stdout
+    assert only == ["Only in A (not compared): Q8_0"], res.stdout
 
 
 def test_regress_reports_and_writes_junit(two_sweeps, tmp_path):

@@ -195,10 +195,16 @@ class _Pairing:
 
 
 def _by_hash(ta: pd.DataFrame, tb: pd.DataFrame) -> _Pairing:
+    """Groups by config hash, named by the identity keys that vary over both sides (`Q4_0`, `Q8_0 n_gen=128`), as
+    a sweep's summary names its trials; the trial label where nothing varies."""
+    ia, ib = identity_rows(ta), identity_rows(tb)
+    varying = [k for k in sorted(set().union(*ia, *ib)) if len(_values([*ia, *ib], k)) > 1]
     labels = {}
-    for side, t in (("a", ta), ("b", tb)):
+    for side, t, items in (("a", ta, ia), ("b", tb, ib)):
+        last = dict(zip(t[CONFIG_HASH], items))  # a configuration's newest run (rows are in start order)
         for h, rows in t.groupby(CONFIG_HASH, sort=False):
-            labels[(side, h)] = config_label(rows)
+            it = last[h]
+            labels[(side, h)] = short_label({k: it[k] for k in varying if k in it}) or config_label(rows)
     return _Pairing(list(ta[CONFIG_HASH]), list(tb[CONFIG_HASH]), labels)
 
 
@@ -285,25 +291,15 @@ class Comparison:
             "only_in_b": list(self.only_in_b),
         }
 
-    def to_markdown(self) -> str:
-        lines = []
-        if self.along:
-            lines.append(f"Along {', '.join(self.along)}: each configuration of A against the one of B that differs "
-                         "only there.\n")
-        lines += [f"| configuration | device | rate | n A | n B | gmean A | gmean B | change | "
-                  f"{_conf(self.confidence)} CI | p | detectable |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
-        untested = []
-        for r in self.table.itertuples(index=False):
-            ci = "n/a" if math.isnan(r.ci_low_pct) else f"[{r.ci_low_pct:+.2f} %, {r.ci_high_pct:+.2f} %]"
-            mark = " *" if r.significant else ""
-            lines.append(
-                f"| {r.label} | {r.device} | {r.metric} | {r.n_a} | {r.n_b} | {_fmt(r.gmean_a)} | "
-                f"{_fmt(r.gmean_b)} | {_pct(r.change_pct)}{mark} | {ci} | {_fmt_p(r.p_value)} | "
-                f"{_detectable(r.detectable_drop_pct, r.detectable_pct)} |")
-            if r.note:
-                untested.append(f"{r.label} {r.metric}: {r.note}")
-        notes = [f"\n\\* p < {self.alpha:.2g}: the {_conf(self.confidence)} interval excludes no change. One test: "
+    def heading(self) -> str:
+        """What was matched with what ('' when configurations are matched by their hash)."""
+        if not self.along:
+            return ""
+        return f"Along {', '.join(self.along)}: each configuration of A against the one of B that differs only there."
+
+    def notes(self) -> list[str]:
+        """The footer in words: the test, the smallest detectable change, what was not tested or compared."""
+        notes = [f"* p < {self.alpha:.2g}: the {_conf(self.confidence)} interval excludes no change. One test: "
                  "Welch t on ln(rate); change and interval are the ratio of geometric means (gmean), so never "
                  "below -100 %."]
         tested = self.table[self.table["detectable_pct"].notna()] if len(self.table) else self.table
@@ -319,6 +315,7 @@ class Comparison:
                          f"measured: {span} (column detectable: drop / rise); a smaller real change reads as no change.")
         notes.append("Samples: per-repetition rates pooled over a configuration's runs (`runs`: one value per run "
                      "where no repetition series exists).")
+        untested = [f"{r.label} {r.metric}: {r.note}" for r in self.table.itertuples(index=False) if r.note]
         if untested:
             notes.append("Not tested: " + "; ".join(untested))
         if self.not_held:
@@ -327,6 +324,22 @@ class Comparison:
             notes.append(f"Only in A (not compared): {', '.join(self.only_in_a)}")
         if self.only_in_b:
             notes.append(f"Only in B (not compared): {', '.join(self.only_in_b)}")
+        return notes
+
+    def to_markdown(self) -> str:
+        lines = [self.heading() + "\n"] if self.along else []
+        lines += [f"| configuration | device | rate | n A | n B | gmean A | gmean B | change | "
+                  f"{_conf(self.confidence)} CI | p | detectable |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+        for r in self.table.itertuples(index=False):
+            ci = "n/a" if math.isnan(r.ci_low_pct) else f"[{r.ci_low_pct:+.2f} %, {r.ci_high_pct:+.2f} %]"
+            mark = " *" if r.significant else ""
+            lines.append(
+                f"| {r.label} | {r.device} | {r.metric} | {r.n_a} | {r.n_b} | {_fmt(r.gmean_a)} | "
+                f"{_fmt(r.gmean_b)} | {_pct(r.change_pct)}{mark} | {ci} | {_fmt_p(r.p_value)} | "
+                f"{_detectable(r.detectable_drop_pct, r.detectable_pct)} |")
+        notes = self.notes()
+        notes[0] = "\n\\" + notes[0]  # the leading * is the marker's, not markdown's
         return "\n".join(lines + notes) + "\n"
 
 

@@ -160,6 +160,52 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
                   else f"sweep {sweep_id} has no parent run: the report is not attached", highlight=False)
 
 
+def _compare_tables(result) -> list:
+    """The comparison on a terminal: one table per rate that fits 80 columns, percentages with one decimal, the
+    geometric means as A → B; the markdown (`-o md`) keeps every digit."""
+    import math
+
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    def pct(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{v:+.1f}"
+
+    def rate(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+    t = result.table
+    several = t["device"].nunique() > 1
+    sizes = len(set(zip(t["n_a"], t["n_b"]))) > 1  # one size for all rows: the footer states it
+    tables = []
+    for metric, rows in t.groupby("metric", sort=False):
+        unit = "tok/J" if "joule" in metric else "tok/s"
+        table = Table(title=f"{metric}: geometric means A → B in {unit}; change, interval, detectable drop/rise in %",
+                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("configuration", overflow="fold")
+        if several:
+            table.add_column("device", overflow="fold")
+        if sizes:
+            table.add_column("n", justify="right", no_wrap=True)
+        table.add_column("A → B", justify="right", no_wrap=True)
+        table.add_column("change", justify="right", no_wrap=True)
+        table.add_column(f"{100 * result.confidence:g} % CI", justify="right", no_wrap=True)
+        table.add_column("p", justify="right", no_wrap=True)
+        table.add_column("detectable", justify="right", no_wrap=True)
+        for r in rows.itertuples(index=False):
+            ci = "n/a" if not math.isfinite(r.ci_low_pct) else f"{pct(r.ci_low_pct)}…{pct(r.ci_high_pct)}"
+            det = ("n/a" if not math.isfinite(r.detectable_pct)
+                   else f"-{r.detectable_drop_pct:.1f}/+{r.detectable_pct:.1f}")
+            p = ("n/a" if not math.isfinite(r.p_value)
+                 else f"{r.p_value:.1g}" if r.p_value < 0.001 else f"{r.p_value:.3f}")
+            table.add_row(escape(r.label), *([escape(r.device)] if several else []),
+                          *([f"{r.n_a}/{r.n_b}"] if sizes else []), f"{rate(r.gmean_a)} → {rate(r.gmean_b)}",
+                          pct(r.change_pct) + (" *" if r.significant else ""), ci, p, det)
+        tables.append(table)
+    return tables
+
+
 @main.command()
 @click.argument("a")
 @click.argument("b")
@@ -169,9 +215,11 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
                    "one config key.")
 @click.option("--sweep", "sweep_ids", multiple=True, metavar="ID",
               help="Only runs of this sweep (repeatable): e.g. two quants of one sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "md", "json"]), default=None,
+              help="table (default on a terminal), md (markdown, never wrapped: the default in a pipe) or json.")
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
 @common_options
-def compare(a, b, along, sweep_ids, as_json, results_dir) -> None:
+def compare(a, b, along, sweep_ids, fmt, as_json, results_dir) -> None:
     """Compare A and B (sweep ids, run ids or KEY=VALUE of a tag or config key): change per matched configuration with a
     95 % confidence interval and the test it comes from (Welch t on ln(rate)), and the smallest change
     the samples could detect.
@@ -197,10 +245,22 @@ def compare(a, b, along, sweep_ids, as_json, results_dir) -> None:
         result = run_compare(df_a, df_b, _sample_loader(tracker), along=along)
     except CompareError as exc:
         raise _fail(str(exc)) from None
-    if as_json:
+    fmt = "json" if as_json else fmt or ("table" if console.is_terminal else "md")
+    if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
+    elif fmt == "md":
         click.echo(result.to_markdown(), nl=False)  # never hard-wrapped, in a pipe either
+    else:
+        # wrapped at words, never mid-word, at the terminal's width
+        if result.heading():
+            console.print(result.heading(), soft_wrap=False, highlight=False, markup=False)
+        devices = sorted(set(result.table["device"]) - {""})
+        if len(devices) == 1:
+            console.print(f"device: {devices[0]}", soft_wrap=False, highlight=False, markup=False)
+        for table in _compare_tables(result):
+            console.print(table, soft_wrap=False)
+        for note in result.notes():
+            console.print(note, soft_wrap=False, highlight=False, markup=False)
 
 
 @main.command()
