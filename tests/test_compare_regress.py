@@ -292,8 +292,9 @@ def test_compare_along_a_key_holds_the_others_equal():
     with pytest.raises(CompareError, match=r"A holds several values of model.quant for one configuration "
                                            r"\(Q4_0, Q8_0\): select one"):
         compare(df, q8_later, both, along=["model.quant"])
-    with pytest.raises(CompareError, match=r"no run of A or B records 'model.qaunt' \(did you mean model.quant\?\): compare along "
-                                           r"an identity key, e.g. one where A and B differ: backend.n_gen, model.quant"):
+    with pytest.raises(CompareError, match=r"no run of A or B records 'model.qaunt' \(did you mean model.quant\?\): "
+                                           r"compare along an identity key, e.g. one where A and B differ: "
+                                           r"backend.n_gen, model.quant"):
         compare(q4, q8, samples, along=["model.qaunt"])
     # Along a key, but the selections differ elsewhere too: said, with where.
     other, s2 = trial_rows([{"model.quant": "Q8_0", "backend.n_gen": "64", "backend.depth": "512", "rate": 40.0}],

@@ -61,7 +61,8 @@ def _repetitions(results: Path, sweep: str, metric: str) -> dict[str, list[float
 
     client = MlflowClient(f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("quant_ladder")
-    runs = client.search_runs([exp.experiment_id], f"tags.`jbench.sweep_id` = '{sweep}' and tags.`jbench.kind` = 'trial'")
+    runs = client.search_runs([exp.experiment_id],
+                              f"tags.`jbench.sweep_id` = '{sweep}' and tags.`jbench.kind` = 'trial'")
     return {r.data.params["model.quant"]: [m.value for m in sorted(client.get_metric_history(r.info.run_id, metric),
                                                                    key=lambda m: m.step)] for r in runs}
 
@@ -141,8 +142,8 @@ def test_compare_at_80_columns_in_a_terminal(two_sweeps):
     text = "\n".join(shown)
     assert shown[0].startswith("Along model.quant: each configuration of A against the one of B"), text
     rows = [line for line in shown if line.strip().startswith("Q4_0 → Q8_0")]
-    cells = (r"Q4_0 → Q8_0\s+[\d.]+ → [\d.]+\s+[-+]\d+\.\d( \*)?\s+[-+]\d+\.\d…[-+]\d+\.\d\s+(\d\.\d{3}|\de-\d+)\s+"
-             r"-\d+\.\d/\+\d+\.\d$")  # configuration, A → B, change, interval, p, detectable: whole, on one line
+    cells = (r"Q4_0 → Q8_0\s+[\d.]+ → [\d.]+\s+[-+]\d+\.\d( \*)?\s+[-+]\d+\.\d…[-+]\d+\.\d\s+"
+             r"(\d\.\d{3}|\de-\d+)\s+-\d+\.\d/\+\d+\.\d$")  # configuration, A → B, change, interval, p, detectable: whole, on one line
     assert len(rows) == 2 and all(re.fullmatch(cells, r.strip()) for r in rows), text
     words = " ".join(line.strip() for line in shown)
     assert "Smallest detectable change at these sample sizes (3 vs 3) and the noise measured: -" in words, text

@@ -312,7 +312,8 @@ class Comparison:
                 span += f" ({lo.label} {lo.metric}) to {_detectable(hi.detectable_drop_pct, hi.detectable_pct)} " \
                         f"({hi.label} {hi.metric})"
             notes.append(f"Smallest detectable change at these sample sizes ({', '.join(sizes)}) and the noise "
-                         f"measured: {span} (column detectable: drop / rise); a smaller real change reads as no change.")
+                         f"measured: {span} (column detectable: drop / rise); a smaller real change reads as "
+                         "no change.")
         notes.append("Samples: per-repetition rates pooled over a configuration's runs (`runs`: one value per run "
                      "where no repetition series exists).")
         untested = [f"{r.label} {r.metric}: {r.note}" for r in self.table.itertuples(index=False) if r.note]

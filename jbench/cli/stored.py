@@ -239,7 +239,8 @@ def compare(a, b, along, sweep_ids, fmt, as_json, results_dir) -> None:
     key_a, _, value_a = a.partition("=")
     key_b, _, value_b = b.partition("=")
     # Two values of one config key (a param, not a tag such as backend.build_commit): compared along that key.
-    if not along and value_a and key_a == key_b and value_a != value_b and any(key_a in it for it in identity_rows(df_a)):
+    if (not along and value_a and key_a == key_b and value_a != value_b
+            and any(key_a in it for it in identity_rows(df_a))):
         along = (key_a,)
     try:
         result = run_compare(df_a, df_b, _sample_loader(tracker), along=along)
