@@ -24,8 +24,9 @@ test on ln(samples) (a rate is positive and its noise multiplicative):
     so never below -100 %;
   * p_value of the same test; significant = p < 1 - confidence, which holds exactly when the interval excludes
     no change (the interval and the verdict cannot contradict each other);
-  * detectable_pct: the smallest change these samples could flag, 100 * (exp(t * se) - 1), from their noise
-    and number; it says what "not significant" is worth.
+  * detectable_drop_pct / detectable_pct: the smallest drop / rise these samples could flag,
+    100 * (1 - exp(-t * se)) and 100 * (exp(t * se) - 1), from their noise and number; they say what "not
+    significant" is worth.
   A side with fewer than 2 samples, no variation on both sides, or a value <= 0: NaN, with the reason in `note`.
   (Mann-Whitney, which `regress` uses, cannot reach p < 0.05 with 3 vs 3 samples whatever the data: the
   smallest p it can give is 0.100.)
