@@ -96,10 +96,11 @@ def test_json_output_is_the_whole_stdout(tmp_path, llama_build, bundled_model):
     a, b = rows[0]["run_id"][:8], rows[1]["run_id"][:8]
     res = jbench_cli(["compare", a, b], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "results"),
                                                    "COLUMNS": "80"}, cwd=tmp_path)
-    # Q4_0 and Q8_0 are different configurations: the prefixes resolved, and the error says so.
+    # Q4_0 and Q8_0 are different configurations: the prefixes resolved, and the error names the fix.
     assert res.returncode == 2 and "no configuration in common" in res.stderr, res.stdout + res.stderr
-    res = jbench_cli(["compare", a, rows[0]["run_id"]], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "results")},
-                     cwd=tmp_path)
+    assert "compare along it with --along model.quant" in res.stderr, res.stderr
+    res = jbench_cli(["compare", a, b, "--along", "model.quant"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "results")}, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     table = [line for line in res.stdout.splitlines() if line.startswith("|")]
     assert len(table) >= 3 and all(line.endswith("|") for line in table), res.stdout

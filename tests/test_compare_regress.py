@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -14,7 +15,7 @@ from scipy import stats as scipy_stats
 
 from jbench.analysis.compare import CompareError, compare
 from jbench.analysis.regress import RegressError, check_metric, regress
-from jbench.analysis.stats import WelchInterval, mann_whitney_u, min_attainable_p, t_ppf, welch_interval
+from jbench.analysis.stats import WelchInterval, mann_whitney_u, min_attainable_p, ratio_test, t_ppf, welch_interval
 
 T0 = pd.Timestamp("2025-03-01T02:00:00Z")
 
@@ -161,7 +162,8 @@ def test_welch_interval_by_hand():
 def test_compare_no_configuration_in_common_raises():
     a, s = history(sweeps=1, configs=("x", "y"))
     b, s2 = history(sweeps=1, configs=("z",), seed=1)
-    with pytest.raises(CompareError, match="no configuration in common between A and B"):
+    with pytest.raises(CompareError, match=r"no configuration in common between A \(2 configuration\(s\)\) and B \(1\); "
+                       r"they differ in model.quant \(A: x, y; B: z\): compare along it with --along model.quant"):
         compare(a, b, {**s["decode_tps_rep"], **s2["decode_tps_rep"]})
     with pytest.raises(CompareError, match="selection A has no finished trial runs"):
         compare(a.iloc[0:0], b)
@@ -173,27 +175,53 @@ def test_compare_table_and_json():
     a = df[df["tags.jbench.sweep_id"] == "sweep-000"]
     b = df[(df["tags.jbench.sweep_id"] == "sweep-001") & (df["params.model.quant"] != "z")]
     result = compare(a, b, samples)
-    assert result.only_in_a == ["hash-z"] and result.only_in_b == []
+    assert result.only_in_a == ["z"] and result.only_in_b == []  # labels, not hashes
     assert result.metrics == ["prefill_tps", "decode_tps", "decode_tokens_per_joule"]
     t = result.table.set_index(["config_hash", "metric"])
     x = t.loc[("hash-x", "decode_tps")]
     assert x["n_a"] == 5 and x["n_b"] == 5 and x["samples"] == "repetitions"
-    assert -13 < x["change_pct"] < -7 and x["ci_low_pct"] < x["change_pct"] < x["ci_high_pct"]
-    assert x["p_value"] == pytest.approx(2 / 252) and x["significant"]
+    assert -13 < x["change_pct"] < -7 and x["ci_low_pct"] < x["change_pct"] < x["ci_high_pct"] < 0
+    ref = scipy_stats.ttest_ind(np.log(samples["decode_tps_rep"][b["run_id"].iloc[0]]),
+                                np.log(samples["decode_tps_rep"][a["run_id"].iloc[0]]), equal_var=False)
+    assert x["p_value"] == pytest.approx(ref.pvalue, rel=1e-9) and x["p_value"] < 1e-4 and x["significant"]
+    assert 0 < x["detectable_pct"] < 3  # 1 % noise, 5 vs 5: a change of a few % is visible
     y = t.loc[("hash-y", "decode_tps")]
     assert abs(y["change_pct"]) < 3
     tpj = t.loc[("hash-x", "decode_tokens_per_joule")]
     assert tpj["samples"] == "runs" and tpj["n_a"] == 1 and math.isnan(tpj["ci_low_pct"])
+    assert tpj["note"] == "1 vs 1 samples: a test needs at least 2 on each side" and not tpj["significant"]
     doc = json.loads(json.dumps(result.to_dict()))  # JSON-able, NaN as null
-    assert doc["only_in_a"] == ["hash-z"] and len(doc["rows"]) == 6
-    assert "| decode_tps |" in result.to_markdown()
+    assert doc["only_in_a"] == ["z"] and len(doc["rows"]) == 6 and doc["alpha"] == 0.05
+    md = result.to_markdown()
+    assert "| decode_tps |" in md and "Only in A (not compared): z" in md
+    assert "Not tested: x decode_tokens_per_joule: 1 vs 1 samples" in md
+    assert re.search(r"Smallest detectable change at these sample sizes \(5 vs 5\) and the noise measured: "
+                     r"-\d\.\d\d % / \+\d\.\d\d % \(\w \w+\) to -\d\.\d\d % / \+\d\.\d\d %", md), md
+    assert 0 < x["detectable_drop_pct"] < x["detectable_pct"] < 3
     # A loader (run_ids, stepped metric) -> samples gives the same table.
     loaded = compare(a, b, lambda ids, m: {r: samples[m][r] for r in ids if r in samples.get(m, {})})
     pd.testing.assert_frame_equal(loaded.table, result.table)
 
 
+def test_compare_interval_and_verdict_agree_on_every_row():
+    """The verdict is the interval's: a row is significant exactly when its interval excludes 0 %, and no bound
+    is at or below -100 % (a rate cannot fall below 0 tok/s), also at 3 repetitions and 50 % noise."""
+    seen = set()
+    for seed, cv in itertools.product(range(15), (0.01, 0.1, 0.5)):
+        df, samples = history(sweeps=2, configs=("x", "y"), reps=3, cv=cv, last_factor={"x": 0.8}, seed=seed)
+        # 50 % normal noise can draw a rate <= 0; a measured rate never is
+        samples = {m: {r: [abs(v) for v in vs] for r, vs in s.items()} for m, s in samples.items()}
+        t = compare(df[df["tags.jbench.sweep_id"] == "sweep-000"], df[df["tags.jbench.sweep_id"] == "sweep-001"],
+                    samples).table
+        excludes = (t["ci_low_pct"] > 0) | (t["ci_high_pct"] < 0)
+        assert (excludes == t["significant"]).all()
+        assert (t["ci_low_pct"] > -100).all()
+        seen |= set(t["significant"])
+    assert seen == {True, False}
+
+
 def test_compare_interval_coverage_and_null_p_values():
-    """Under no change, the 95 % interval covers 0 about 95 % of the time and p < 0.05 about 5 %;
+    """Under no change, the 95 % interval covers no change about 95 % of the time and p < 0.05 about 5 %;
     with a true -4 % change the interval covers -4 % about as often."""
     rng = np.random.default_rng(11)
     cover0 = cover4 = small_p = 0
@@ -202,14 +230,106 @@ def test_compare_interval_coverage_and_null_p_values():
         a = list(50 * (1 + rng.normal(0, 0.02, 6)))
         b = list(50 * (1 + rng.normal(0, 0.02, 6)))
         c = list(48 * (1 + rng.normal(0, 0.02, 6)))
-        wi = welch_interval(a, b)
-        cover0 += wi.low <= 0 <= wi.high
-        small_p += mann_whitney_u(b, a).p_value < 0.05
-        w4 = welch_interval(a, c)
-        cover4 += w4.low <= -2.0 <= w4.high
+        r = ratio_test(a, b)
+        cover0 += r.low <= 1 <= r.high
+        small_p += r.p_value < 0.05
+        r4 = ratio_test(a, c)
+        cover4 += r4.low <= 0.96 <= r4.high
     assert 0.91 <= cover0 / n <= 0.98
     assert 0.91 <= cover4 / n <= 0.98
     assert 0.02 <= small_p / n <= 0.09
+    # The Welch interval on the difference itself (still a building block) covers as well.
+    cover = sum(welch_interval(list(50 * (1 + rng.normal(0, 0.02, 6))),
+                               list(50 * (1 + rng.normal(0, 0.02, 6)))).low <= 0 for _ in range(200))
+    assert cover > 150
+
+
+def trial_rows(cells, *, sweep="s1", reps=3, seed=0, device="local"):
+    """Trial rows with the params a real run records (so identity can be computed from them), one per cell
+    ({key: value} overriding the defaults below), and their decode repetition samples (rate from `rate`)."""
+    from jbench.core.identity import _config_digest, identity_items_from_flat
+
+    rng = np.random.default_rng(seed)
+    rows, dec = [], {}
+    for i, cell in enumerate(cells):
+        cell = dict(cell)
+        rate = cell.pop("rate")
+        params = {"device.name": device, "backend.name": "llamacpp", "model.name": "gemma3_270m",
+                  "model.quant": "Q4_0", "backend.n_gen": "64", **cell}
+        run_id = f"{sweep}-{i:02d}-{seed}"
+        dec[run_id] = list(rate * (1 + rng.normal(0, 0.01, reps)))
+        row = {"run_id": run_id, "experiment": "quant_ladder", "status": "FINISHED",
+               "start_time": T0 + pd.Timedelta(minutes=i), "metrics.decode_tps": float(np.mean(dec[run_id])),
+               "tags.jbench.kind": "trial", "tags.jbench.sweep_id": sweep, "tags.device.name": device,
+               "tags.jbench.config_hash": _config_digest(identity_items_from_flat(params)),
+               "tags.jbench.trial_label": params["model.quant"]}
+        row.update({f"params.{k}": v for k, v in params.items()})
+        rows.append(row)
+    return pd.DataFrame(rows), {"decode_tps_rep": dec}
+
+
+def test_compare_along_a_key_holds_the_others_equal():
+    cells = [{"model.quant": q, "backend.n_gen": g, "rate": r}
+             for q, g, r in (("Q4_0", "64", 60.0), ("Q4_0", "128", 58.0), ("Q8_0", "64", 45.0),
+                             ("Q8_0", "128", 44.0), ("Q8_0", "256", 43.0))]
+    df, samples = trial_rows(cells)
+    q4, q8 = df[df["params.model.quant"] == "Q4_0"], df[df["params.model.quant"] == "Q8_0"]
+    with pytest.raises(CompareError, match=r"no configuration in common .*they differ in .*model.quant \(A: Q4_0; "
+                                           r"B: Q8_0\)"):
+        compare(q4, q8, samples)
+    result = compare(q4, q8, samples, along=["model.quant"])
+    t = result.table
+    assert list(t["label"]) == ["Q4_0 → Q8_0 n_gen=64", "Q4_0 → Q8_0 n_gen=128"]
+    assert t["change_pct"].iloc[0] == pytest.approx(-25, abs=2) and t["significant"].all()
+    assert (t["config_hash"] != t["config_hash_b"]).all()
+    assert result.only_in_b == ["Q8_0 n_gen=256"] and result.only_in_a == []
+    md = result.to_markdown()
+    assert md.startswith("Along model.quant: each configuration of A against the one of B that differs only there.")
+    assert "Only in B (not compared): Q8_0 n_gen=256" in md
+    # A side that holds two values of the key for one configuration would pool them: refused.
+    q8_later, s3 = trial_rows([{"model.quant": "Q8_0", "rate": 45.0}], sweep="s3")
+    both = {"decode_tps_rep": {**samples["decode_tps_rep"], **s3["decode_tps_rep"]}}
+    with pytest.raises(CompareError, match=r"A holds several values of model.quant for one configuration "
+                                           r"\(Q4_0, Q8_0\): select one"):
+        compare(df, q8_later, both, along=["model.quant"])
+    with pytest.raises(CompareError, match=r"no run of A or B records 'model.qaunt' \(did you mean model.quant\?\): "
+                                           r"compare along an identity key, e.g. one where A and B differ: "
+                                           r"backend.n_gen, model.quant"):
+        compare(q4, q8, samples, along=["model.qaunt"])
+    # Along a key, but the selections differ elsewhere too: said, with where.
+    other, s2 = trial_rows([{"model.quant": "Q8_0", "backend.n_gen": "64", "backend.depth": "512", "rate": 40.0}],
+                           sweep="s2")
+    with pytest.raises(CompareError, match=r"no configuration of A matches one of B along model.quant .*"
+                                           r"backend.depth \(A: 0; B: 512\)"):
+        compare(q4, other, {"decode_tps_rep": {**samples["decode_tps_rep"], **s2["decode_tps_rep"]}},
+                along=["model.quant"])
+
+
+def test_compare_refuses_a_selection_against_itself_or_overlapping():
+    df, samples = trial_rows([{"model.quant": "Q4_0", "rate": 60.0}, {"model.quant": "Q8_0", "rate": 45.0}])
+    with pytest.raises(CompareError, match=r"A and B select the same 2 run\(s\): compared with itself"):
+        compare(df, df, samples)
+    with pytest.raises(CompareError, match=r"1 run\(s\) are in both A and B \(s1-00-0\): a run cannot be its own "
+                                           r"baseline"):
+        compare(df, df.iloc[:1], samples)
+
+
+def test_only_in_labels_name_configurations_apart():
+    df, samples = trial_rows([{"model.quant": "Q4_0", "rate": 60.0}, {"model.quant": "Q8_0", "rate": 45.0},
+                              {"model.quant": "Q8_0", "backend.n_gen": "128", "rate": 44.0}])
+    b, s2 = trial_rows([{"model.quant": "Q4_0", "rate": 59.0}], sweep="s2")
+    result = compare(df, b, {"decode_tps_rep": {**samples["decode_tps_rep"], **s2["decode_tps_rep"]}})
+    # named by the keys that vary, as the sweep summary names trials (the trial label alone says Q8_0 twice)
+    assert result.only_in_a == ["Q8_0 n_gen=64", "Q8_0 n_gen=128"]
+    assert list(result.table["label"]) == ["Q4_0 n_gen=64"]
+    # runs without params (nothing to name them by) that share a trial label: each gets its short hash
+    hist, hs = history(sweeps=2, configs=("x", "y", "z"), seed=5)
+    hist = hist.drop(columns=["params.model.quant"]).assign(**{"tags.jbench.trial_label": "same"})
+    a = hist[hist["tags.jbench.sweep_id"] == "sweep-000"]
+    rows = compare(a, hist[hist["tags.jbench.sweep_id"] == "sweep-001"], hs).table
+    assert list(dict.fromkeys(rows["label"])) == ["same (hash-x)", "same (hash-y)", "same (hash-z)"]
+    result = compare(a, hist[(hist["tags.jbench.sweep_id"] == "sweep-001") & (hist["run_id"] != "r001020005")], hs)
+    assert result.only_in_a == ["same"]  # alone in its list: no hash needed
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """Statistics over samples, the one home for jbench (pure functions on scipy and numpy).
 
-- `describe`: n, mean, sample std (n - 1), median, min, max; `SampleStats.ci95` (Student t interval
-  of the mean) and `SampleStats.cv` (std / mean).
+- `describe`: n, mean, sample std (n - 1), median, min, max; `SampleStats.cv` (std / mean).
+- `rate_interval`: confidence interval of a positive rate from its samples, on the log scale (never below 0).
 - `t_ppf`: Student t quantile (scipy.special.stdtrit, as scipy.stats.t.ppf), any real degrees of freedom.
 - `welch_interval`: Welch t confidence interval for mean(b) - mean(a), with the Welch-Satterthwaite
   degrees of freedom.
+- `ratio_test`: B against A for positive rates: the ratio of geometric means with its Welch t interval and
+  the p-value of the same test on ln(values), so the interval excludes 1 exactly when p < 1 - confidence;
+  and the smallest change the samples could flag.
 - `mann_whitney_u`: two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu): the exact null
   distribution when there are no ties and both sides have <= EXACT_MAX_N samples, else the normal
   approximation with tie correction and continuity correction.
@@ -29,6 +32,9 @@ __all__ = [
     "mean_interval",
     "min_attainable_p",
     "percentile",
+    "rate_interval",
+    "RatioTest",
+    "ratio_test",
     "t_ppf",
     "welch_interval",
 ]
@@ -56,11 +62,6 @@ class SampleStats:
     median: float
     min: float
     max: float
-
-    @property
-    def ci95(self) -> tuple[float, float]:
-        """95 % confidence interval of the mean (Student's t with n - 1 degrees of freedom)."""
-        return mean_interval(self.n, self.mean, self.std, 0.95)
 
     @property
     def cv(self) -> float:
@@ -104,6 +105,21 @@ def mean_interval(n: int, mean: float, std: float, confidence: float = 0.95) -> 
         return (math.nan, math.nan)
     half = t_ppf(1.0 - (1.0 - confidence) / 2.0, n - 1) * std / math.sqrt(n)
     return (mean - half, mean + half)
+
+
+def rate_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Confidence interval of a rate (tok/s) from its repetitions, computed on the log scale:
+
+        exp(mean(ln x) +- t_{1-(1-c)/2, n-1} * sd(ln x) / sqrt(n))
+
+    A rate is positive and its noise multiplicative, so the interval is that of the geometric mean and never
+    reaches 0 (the plain t interval of the mean goes negative for 3 noisy repetitions). At a few % noise it
+    equals the t interval of the mean within rounding. NaN bounds for fewer than 2 samples or a value <= 0."""
+    if len(samples) < 2 or any(not v > 0 for v in samples):
+        return (math.nan, math.nan)
+    logs = [math.log(v) for v in samples]
+    low, high = mean_interval(len(logs), statistics.fmean(logs), statistics.stdev(logs), confidence)
+    return (math.exp(low), math.exp(high))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -188,3 +204,48 @@ def min_attainable_p(n1: int, n2: int) -> float:
     if n1 < 1 or n2 < 1:
         return 1.0
     return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+@dataclass(frozen=True)
+class RatioTest:
+    """B against A for positive rates, one test on ln(values): the Welch t test and its interval.
+
+    The interval excludes a ratio of 1 exactly when p_value < 1 - confidence (same statistic, same degrees of
+    freedom), and as a ratio it never reaches 0: B/A - 1 stays above -100 %."""
+
+    ratio: float  # geometric mean of B / geometric mean of A
+    low: float  # confidence interval of the ratio
+    high: float
+    p_value: float  # two-sided Welch t test of mean(ln B) = mean(ln A)
+    df: float  # Welch-Satterthwaite degrees of freedom of the ln values
+    detectable: float  # the smallest rise these samples could flag: exp(t * se) - 1 (a ratio above 1 + this)
+    reason: str = ""  # why the interval and test are NaN ("" when computed)
+
+    @property
+    def detectable_drop(self) -> float:
+        """The smallest drop these samples could flag, 1 - exp(-t * se) (a ratio below 1 - this): on the log
+        scale as far from no change as `detectable`, so a little smaller."""
+        return 1.0 - 1.0 / (1.0 + self.detectable)
+
+
+def ratio_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> RatioTest:
+    """B's rate against A's (see RatioTest), from their samples; NaN fields with the reason when there is too
+    little to test: fewer than 2 samples on a side, a value <= 0, or no variation on either side."""
+    nan = math.nan
+    if not a or not b:
+        return RatioTest(nan, nan, nan, nan, nan, nan, "no samples on a side")
+    if any(not v > 0 for v in [*a, *b]):
+        return RatioTest(nan, nan, nan, nan, nan, nan, "a value <= 0: no ratio")
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    ratio = math.exp(statistics.fmean(lb) - statistics.fmean(la))
+    if len(a) < 2 or len(b) < 2:
+        return RatioTest(ratio, nan, nan, nan, nan, nan,
+                         f"{len(a)} vs {len(b)} samples: a test needs at least 2 on each side")
+    wi = welch_interval(la, lb, confidence)
+    if not math.isfinite(wi.df):  # both sides without variation: no noise estimate, so no test
+        return RatioTest(ratio, nan, nan, nan, nan, nan, "no variation within either side: no noise estimate")
+    from scipy.special import stdtr
+
+    se = math.sqrt(statistics.variance(la) / len(la) + statistics.variance(lb) / len(lb))
+    p = min(1.0, 2.0 * float(stdtr(wi.df, -abs(wi.diff) / se)))
+    return RatioTest(ratio, math.exp(wi.low), math.exp(wi.high), p, wi.df, math.expm1(wi.high - wi.diff))

@@ -54,28 +54,47 @@ def _sample_loader(tracker):
     return lambda run_ids, metric: repetition_samples(tracker, list(run_ids), metric)
 
 
-def _selection(tracker, spec: str):
-    """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or TAG=VALUE ->
-    the trial runs it names."""
+# The summary prints 8 characters of a run id; fewer than 6 is a typo or the table's # column, never a run id
+# (one character matches some run in any store).
+MIN_PREFIX = 6
+
+
+def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
+    """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or KEY=VALUE (a tag, else
+    a param: a config key) -> the trial runs it names (only those of sweep_ids when given)."""
+    import re
+
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
     if "=" in spec:
         tag, _, value = spec.partition("=")
         df = runs_frame(tracker, tag_filters={tag: value})
+        if df.empty:  # a config key recorded as a param only (power.mode, backend.n_gen, ...)
+            every = runs_frame(tracker)
+            col = f"params.{tag}"
+            df = every[every[col] == value] if col in every.columns else every.iloc[0:0]
     else:
         df = runs_frame(tracker, sweep_ids=[spec])
         if df.empty:
             df = runs_frame(tracker, run_ids=[spec])
-        if df.empty and spec:
+        if df.empty and re.fullmatch(r"[0-9a-fA-F]+", spec):
+            if len(spec) < MIN_PREFIX:
+                raise _fail(f"'{spec}' is too short for a run id prefix: give at least {MIN_PREFIX} characters (the "
+                            "summary's run id column shows 8; its # column is not a run id), a sweep id or KEY=VALUE")
             every = runs_frame(tracker)
             df = every[every["run_id"].str.startswith(spec.lower())] if not every.empty else every
             if len(df) > 1:
                 shown = ", ".join(str(r)[:12] for r in df["run_id"][:5])
                 raise _fail(f"run id prefix '{spec}' is ambiguous: it matches {len(df)} runs ({shown}"
                             f"{', ...' if len(df) > 5 else ''}); give more characters")
+    if sweep_ids and not df.empty:
+        df = df[df["tags.jbench.sweep_id"].isin(sweep_ids)] if "tags.jbench.sweep_id" in df.columns else df.iloc[0:0]
+        if df.empty:
+            raise _fail(f"'{spec}' selects no trial runs in sweep {', '.join(sweep_ids)}: check the sweep id "
+                        "(the summary's first line) or drop --sweep")
     if df.empty:
         raise _fail(f"'{spec}' selects no trial runs: give a sweep id (tag jbench.sweep_id), a run id or its "
-                    "prefix, or TAG=VALUE")
+                    "prefix, or KEY=VALUE (a tag or a config key)")
     return with_current_hashes(df)  # runs recorded under an older hash scheme match today's
 
 
@@ -141,28 +160,108 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
                   else f"sweep {sweep_id} has no parent run: the report is not attached", highlight=False)
 
 
+def _compare_tables(result) -> list:
+    """The comparison on a terminal: one table per rate that fits 80 columns, percentages with one decimal, the
+    geometric means as A → B; the markdown (`-o md`) keeps every digit."""
+    import math
+
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    def pct(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{v:+.1f}"
+
+    def rate(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+    t = result.table
+    several = t["device"].nunique() > 1
+    sizes = len(set(zip(t["n_a"], t["n_b"]))) > 1  # one size for all rows: the footer states it
+    tables = []
+    for metric, rows in t.groupby("metric", sort=False):
+        unit = "tok/J" if "joule" in metric else "tok/s"
+        table = Table(title=f"{metric}: geometric means A → B in {unit}; change, interval, detectable drop/rise in %",
+                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("configuration", overflow="fold")
+        if several:
+            table.add_column("device", overflow="fold")
+        if sizes:
+            table.add_column("n", justify="right", no_wrap=True)
+        table.add_column("A → B", justify="right", no_wrap=True)
+        table.add_column("change", justify="right", no_wrap=True)
+        table.add_column(f"{100 * result.confidence:g} % CI", justify="right", no_wrap=True)
+        table.add_column("p", justify="right", no_wrap=True)
+        table.add_column("detectable", justify="right", no_wrap=True)
+        for r in rows.itertuples(index=False):
+            ci = "n/a" if not math.isfinite(r.ci_low_pct) else f"{pct(r.ci_low_pct)}…{pct(r.ci_high_pct)}"
+            det = ("n/a" if not math.isfinite(r.detectable_pct)
+                   else f"-{r.detectable_drop_pct:.1f}/+{r.detectable_pct:.1f}")
+            p = ("n/a" if not math.isfinite(r.p_value)
+                 else f"{r.p_value:.1g}" if r.p_value < 0.001 else f"{r.p_value:.3f}")
+            table.add_row(escape(r.label), *([escape(r.device)] if several else []),
+                          *([f"{r.n_a}/{r.n_b}"] if sizes else []), f"{rate(r.gmean_a)} → {rate(r.gmean_b)}",
+                          pct(r.change_pct) + (" *" if r.significant else ""), ci, p, det)
+        tables.append(table)
+    return tables
+
+
 @main.command()
 @click.argument("a")
 @click.argument("b")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--along", "along", multiple=True, metavar="KEY",
+              help="Compare along this config key (model.quant, power.mode, backend.name, ...): each configuration "
+                   "of A against the one of B that differs only there. Implied by A and B that are KEY=VALUE of "
+                   "one config key.")
+@click.option("--sweep", "sweep_ids", multiple=True, metavar="ID",
+              help="Only runs of this sweep (repeatable): e.g. two quants of one sweep.")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "md", "json"]), default=None,
+              help="table (default on a terminal), md (markdown, never wrapped: the default in a pipe) or json.")
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
 @common_options
-def compare(a, b, as_json, results_dir) -> None:
-    """Compare A and B (sweep ids, run ids or TAG=VALUE): change per matched configuration with a
-    95 % confidence interval and a Mann-Whitney test on the repetition samples."""
+def compare(a, b, along, sweep_ids, fmt, as_json, results_dir) -> None:
+    """Compare A and B (sweep ids, run ids or KEY=VALUE of a tag or config key): change per matched configuration with a
+    95 % confidence interval and the test it comes from (Welch t on ln(rate)), and the smallest change
+    the samples could detect.
+
+    \b
+    Examples:
+      jbench compare SWEEP_A SWEEP_B       # the same configurations
+      jbench compare model.quant=Q4_0 model.quant=Q8_0 --sweep ID
+      jbench compare SWEEP_A SWEEP_B --along backend.name
+    """
     import json
 
-    from jbench.analysis.compare import CompareError, compare as run_compare
+    from jbench.analysis.compare import CompareError, compare as run_compare, identity_rows
 
     tracker = _results_tracker(results_dir)
-    df_a, df_b = _selection(tracker, a), _selection(tracker, b)
+    df_a, df_b = _selection(tracker, a, sweep_ids), _selection(tracker, b, sweep_ids)
+    key_a, _, value_a = a.partition("=")
+    key_b, _, value_b = b.partition("=")
+    # Two values of one config key (a param, not a tag such as backend.build_commit): compared along that key.
+    if (not along and value_a and key_a == key_b and value_a != value_b
+            and any(key_a in it for it in identity_rows(df_a))):
+        along = (key_a,)
     try:
-        result = run_compare(df_a, df_b, _sample_loader(tracker))
+        result = run_compare(df_a, df_b, _sample_loader(tracker), along=along)
     except CompareError as exc:
         raise _fail(str(exc)) from None
-    if as_json:
+    fmt = "json" if as_json else fmt or ("table" if console.is_terminal else "md")
+    if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
+    elif fmt == "md":
         click.echo(result.to_markdown(), nl=False)  # never hard-wrapped, in a pipe either
+    else:
+        # wrapped at words, never mid-word, at the terminal's width
+        if result.heading():
+            console.print(result.heading(), soft_wrap=False, highlight=False, markup=False)
+        devices = sorted(set(result.table["device"]) - {""})
+        if len(devices) == 1:
+            console.print(f"device: {devices[0]}", soft_wrap=False, highlight=False, markup=False)
+        for table in _compare_tables(result):
+            console.print(table, soft_wrap=False)
+        for note in result.notes():
+            console.print(note, soft_wrap=False, highlight=False, markup=False)
 
 
 @main.command()

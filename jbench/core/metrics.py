@@ -174,10 +174,11 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("trial_wall_s", "s", "controller wall time of the whole trial (backend invocation incl. model load, warmup "
        "and parsing)", RUNNER, "speed"),
     # --- statistics over repetitions: phase_metrics too
-    _d("{phase}_tps_ci95_low", "tok/s", "lower end of the 95 % confidence interval of the mean rate: mean − "
-       "t(0.975, n − 1) · std / √n; absent with one repetition", PHASE_SPEED, "statistics",
-       requires=("{phase}_tps", "{phase}_tps_std", "{phase}_repetitions")),
-    _d("{phase}_tps_ci95_high", "tok/s", "upper end of that interval: mean + t(0.975, n − 1) · std / √n; absent "
+    _d("{phase}_tps_ci95_low", "tok/s", "lower end of the 95 % confidence interval of the rate, on the log scale (a "
+       "rate is positive, its noise multiplicative): exp(m − t(0.975, n − 1) · s / √n) with m, s the mean and sample "
+       "standard deviation of ln(rate) over the repetitions; always > 0; absent with one repetition", PHASE_SPEED,
+       "statistics", requires=("{phase}_tps", "{phase}_tps_std", "{phase}_repetitions")),
+    _d("{phase}_tps_ci95_high", "tok/s", "upper end of that interval: exp(m + t(0.975, n − 1) · s / √n); absent "
        "with one repetition", PHASE_SPEED, "statistics",
        requires=("{phase}_tps", "{phase}_tps_std", "{phase}_repetitions")),
     _d("{phase}_tps_cv", "1", "coefficient of variation std / mean of the per-repetition rates; over sweep.max_cv "

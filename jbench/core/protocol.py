@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 PROTOCOL_CHANGES = {
     1: "the protocol as of jbench 0.2: llama-bench speed pass (-r repetitions after its own warm-up), energy passes "
        "for phases shorter than energy.min_window_s, idle and cooldown windows, device-clock phase windows",
+    2: "{phase}_tps_ci95_low/high: the interval of the rate on the log scale (always > 0), no longer mean +- t sd/sqrt(n)",
 }
 
 STORE_FORMAT = 1

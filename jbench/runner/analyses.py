@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Union
 
 from jbench.analysis.roofline import (LABEL_ABOVE_CEILING, RooflineError, decode_ceiling, kv_bytes_at_depth,
                                       kv_bytes_per_token, regime_label, weight_bytes_per_token)
-from jbench.analysis.stats import describe
+from jbench.analysis.stats import describe, rate_interval
 from jbench.core import metrics
 from jbench.core.results import BackendResult, Finding, Result
 from jbench.core.trial import TrialConfig
@@ -30,7 +30,7 @@ def phase_metrics(result: BackendResult) -> Result:
         m[f"{phase}_tps"] = st.mean
         m[f"{phase}_tps_std"] = st.std
         m[f"{phase}_tps_median"] = st.median
-        m[f"{phase}_tps_ci95_low"], m[f"{phase}_tps_ci95_high"] = st.ci95
+        m[f"{phase}_tps_ci95_low"], m[f"{phase}_tps_ci95_high"] = rate_interval(tps)
         m[f"{phase}_tps_cv"] = st.cv
         m[f"{phase}_tokens"] = pr.n_tokens
         m[f"{phase}_repetitions"] = st.n
