@@ -204,9 +204,9 @@ def explain_compose_error(exc: Exception, config_dirs: list[Path], overrides: Op
     where = _user_file(msg, config_dirs)  # "In 'device/mine': ..." of a file in the user's config dirs
     if (fix := _experiment_package_problem(msg, config_dirs)) is not None:
         return fix
-    m = re.search(r"Multiple values for (\w+)", msg)
+    m = re.search(r"Multiple values for (\w+)|(\w+) appears more than once in the final defaults list", msg)
     if m:
-        key = m.group(1)
+        key = m.group(1) or m.group(2)
         given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == key and "=" in o]
         listed = f" ({', '.join(given)})" if given else ""
         if key == "experiment":
