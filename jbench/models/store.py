@@ -130,7 +130,8 @@ def name_from_file(path: str) -> Optional[tuple[str, str]]:
         if not facts.architecture:
             return None
         params = sum(math.prod(dims) for _name, dims, _type in facts.tensors)
-        display = f"{facts.architecture} {params / 1e9:.3g}B" if params >= 1e9 else f"{facts.architecture} {params / 1e6:.3g}M"
+        size = f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+        display = f"{facts.architecture} {size}"
     name = re.sub(r"[^a-z0-9]+", "_", display.lower()).strip("_")
     return (name, display) if name else None
 

@@ -410,7 +410,8 @@ def name_models(cells: list[Cell]) -> list[str]:
     dropped. Only a file this machine reads (a local device); validate refuses the rest, naming the fix."""
     import os
 
-    from jbench.models.store import ModelError, borrows_bundled_name, name_from_file, resolve_model_file, same_model_name
+    from jbench.models.store import (ModelError, borrows_bundled_name, name_from_file, resolve_model_file,
+                                     same_model_name)
 
     notes: dict[str, None] = {}
     for cell in cells:
@@ -521,8 +522,8 @@ def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
 
 
 def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
-    """expand -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the config as
-    a whole; problems of single trials are collected in Plan.problems."""
+    """expand -> name_models -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the
+    config as a whole; problems of single trials are collected in Plan.problems."""
     pool, composed = _pool(overrides, config_dirs)
     ex = expand(composed, config_dirs, use_grid=use_grid)
     if pool is not None:
