@@ -69,9 +69,19 @@ def user_config_dirs(extra: Optional[List[str]] = None) -> list[Path]:
 
 
 def searchpath_override(dirs: list[Path]) -> list[str]:
+    """The hydra.searchpath override for dirs. Each path is a quoted string: unquoted, Hydra's override grammar
+    refuses a non-ASCII character (a home like /home/jürgen) and reads ',' or ']' as syntax."""
     if not dirs:
         return []
-    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
+    return ["hydra.searchpath=[" + ",".join(_quoted(f"file://{d}") for d in dirs) + "]"]
+
+
+def _quoted(text: str) -> str:
+    """text as a single-quoted Hydra override string. Backslashes are escapes only before a quote (Hydra's rule):
+    those before an inner quote or the closing one are doubled, the quote itself escaped."""
+    inner = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    trailing = len(inner) - len(inner.rstrip("\\"))
+    return "'" + inner + "\\" * trailing + "'"
 
 
 def available_choices(group: str, config_dirs: Optional[List[Path]] = None) -> list[str]:
@@ -122,6 +132,7 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
     from omegaconf import OmegaConf, open_dict
 
     dirs = config_dirs or []
+    _check_deletions(overrides, dirs)
     with _initialized(dirs):
         try:
             cfg = hydra_compose(
@@ -137,6 +148,23 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
         del cfg["hydra"]
     _check_interpolations(cfg)
     return cfg, choices
+
+
+def _check_deletions(overrides: List[str], config_dirs: list[Path]) -> None:
+    """Hydra's `~key` deletes a key; jbench's keys are typed with defaults and every trial needs its groups, so a
+    deletion is refused here with what to write instead (Hydra's own errors do not say, and a deleted group ends
+    in a traceback while planning)."""
+    for o in overrides:
+        if not o.startswith("~"):
+            continue
+        key = o[1:].partition("=")[0]
+        if key == "experiment":
+            fix = "leave out +experiment to run without one"
+        elif key in _GROUPS:
+            fix = f"every trial needs one: pick another with {key}=NAME (one of: {', '.join(available_choices(key, config_dirs))})"
+        else:
+            fix = f"set the value you want instead ({key}=VALUE; null where the key allows none)"
+        raise ConfigError(f"'{o}': jbench's config keys are typed and cannot be deleted; {fix}")
 
 
 def _check_interpolations(cfg) -> None:
@@ -174,6 +202,17 @@ def explain_compose_error(exc: Exception, config_dirs: list[Path], overrides: Op
         msg += "\n" + str(cause)
         cause = cause.__cause__
     where = _user_file(msg, config_dirs)  # "In 'device/mine': ..." of a file in the user's config dirs
+    if (fix := _experiment_package_problem(msg, config_dirs)) is not None:
+        return fix
+    m = re.search(r"Multiple values for (\w+)|(\w+) appears more than once in the final defaults list", msg)
+    if m:
+        key = m.group(1) or m.group(2)
+        given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == key and "=" in o]
+        listed = f" ({', '.join(given)})" if given else ""
+        if key == "experiment":
+            return (f"+experiment is given more than once{listed}: one experiment per sweep; run `jbench sweep "
+                    "+experiment=NAME` once per experiment")
+        return f"{key} is given more than once{listed}: give it once (a comma list, {key}=a,b, sweeps several)"
     # Unknown group option: "Could not find 'model/foo'" / "In 'config': Could not find 'experiment/x'"
     m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'", msg)
     if m and m.group(1) in _GROUPS:
@@ -213,6 +252,27 @@ def explain_compose_error(exc: Exception, config_dirs: list[Path], overrides: Op
     if m:
         return _malformed(msg, overrides)
     return where + (msg.splitlines()[0] if msg else type(exc).__name__)
+
+
+def _experiment_package_problem(msg: str, config_dirs: list[Path]) -> Optional[str]:
+    """The fix for a user's experiment file without `# @package _global_`: Hydra then nests its keys under
+    `experiment.` and reports an unknown key 'experiment.experiment' (or 'experiment.sweep'), which says nothing
+    about the missing first line."""
+    m = re.search(r"In 'experiment/([\w.-]+)'", msg)
+    if not m or not re.search(r"experiment\.\w+", msg):
+        return None
+    for d in config_dirs:
+        path = d / "experiment" / f"{m.group(1)}.yaml"
+        if path.is_file():
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                return None
+            if "@package _global_" in text:
+                return None
+            return (f"{path}: an experiment file must start with the line `# @package _global_` (its keys, "
+                    "experiment.name, sweep.grid, backend.* ..., are the whole config's); add it as the first line")
+    return None
 
 
 def check_overrides(overrides: List[str]) -> None:

@@ -31,6 +31,8 @@ from jbench.device.local import LocalConnection
 from jbench.sweeps.plan import plan
 from jbench.core.results import BackendResult, PhaseResult
 
+from .gguf_files import unloadable_gguf
+
 HERE = Path(__file__).resolve().parent
 ENGINE = HERE / "fixtures" / "engine" / "stand_in_engine.py"
 TRT = HERE / "fixtures" / "trtllm"
@@ -74,9 +76,8 @@ LLAMA_TINY = ["backend=llamacpp", "model.quant=Q4_0", "backend.n_prompt=8", "bac
 
 
 def _llama_crash(tmp: Path) -> Case:
-    corrupt = tmp / "corrupt.gguf"
-    corrupt.write_bytes(b"GGUF" + os.urandom(4096))
-    conf = _model_dir(tmp, "corrupt", "Q4_0", corrupt)
+    # A whole GGUF file (planning refuses a broken one) that llama.cpp cannot load.
+    conf = _model_dir(tmp, "corrupt", "Q4_0", unloadable_gguf(tmp / "corrupt.gguf"))
     return Case(["backend=llamacpp", "model=corrupt", *LLAMA_TINY[2:]], [conf])
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import jbench_cli
+from .gguf_files import broken_model_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,7 +39,21 @@ def _user_conf(root: Path) -> Path:
                                                  "  kind: [ssh\n")
     (conf / "model" / "missing.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: missing\n"
                                                  "quant: Q4_0\nsource: files\nfiles:\n  Q4_0: /nonexistent/m.gguf\n")
+    # A device this machine reaches over SSH (planning never connects): model files there are not read here.
+    (conf / "device" / "remote.yaml").write_text("defaults:\n  - device_schema\n  - _self_\nname: remote\n"
+                                                 "kind: ssh\nhost: 127.0.0.1\n")
+    (conf / "experiment").mkdir()
+    (conf / "experiment" / "nopkg.yaml").write_text("experiment:\n  name: nopkg\nsweep:\n  grid:\n"
+                                                    "    backend.n_gen: [2, 4]\n")  # no `# @package _global_`
     return conf
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory, bundled_model) -> Path:
+    """A directory, an empty file, a text file, and the bundled model's file cut in its header and in its data."""
+    root = tmp_path_factory.mktemp("models")
+    broken_model_files(root, Path(bundled_model["Q4_0"]["path"]))
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +71,14 @@ def _snapshot(path: Path) -> dict[str, str]:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+
+def _own_file(name: str) -> list[str]:
+    """A user's own model file instead of the bundled one's."""
+    return ["model.source=files", "model.name=mine", "model.path_template={models}/" + name]
+
+
 # (id, argv, text the message must contain, uses the store). "{conf}" is a user config dir with broken files,
-# "{closed}" a port nothing listens on, "{out}" a scratch directory.
+# "{closed}" a port nothing listens on, "{out}" a scratch directory, "{models}" the broken model files.
 CASES = [
     # keys
     ("backend-key-typo", ["run", "backend.n_gn=3"], "Did you mean backend.n_gen?", False),
@@ -76,6 +97,14 @@ CASES = [
     ("unknown-top-level", ["run", "nonsense=1"], "unknown config key 'nonsense'", False),
     ("experiment-without-plus", ["sweep", "experiment=quant_ladder"], "+experiment=quant_ladder", False),
     ("experiment-unknown", ["sweep", "+experiment=quant_ladr"], "Valid experiment names", False),
+    ("experiment-without-package", ["sweep", "--config-dir", "{conf}", "+experiment=nopkg"],
+     "must start with the line `# @package _global_`", False),
+    ("experiment-twice", ["sweep", "+experiment=quant_ladder", "+experiment=context_sweep"],
+     "+experiment is given more than once (quant_ladder, context_sweep)", False),
+    ("experiment-twice-same", ["sweep", "+experiment=nightly", "+experiment=nightly"],
+     "+experiment is given more than once", False),
+    ("delete-key", ["run", "~backend.n_gen"], "set the value you want instead (backend.n_gen=VALUE", False),
+    ("delete-group", ["run", "~model"], "pick another with model=NAME", False),
     ("backend-unknown", ["run", "backend=nope"], "Valid backend names", False),
     ("model-unknown", ["run", "model=nope"], "Valid model names", False),
     ("device-unknown", ["run", "device=nope"], "Valid device names", False),
@@ -94,6 +123,21 @@ CASES = [
     ("comma-list-in-run", ["run", "model.quant=Q4_0,Q8_0"], "belong to `jbench sweep`", False),
     ("not-an-override", ["run", "world"], "is not an override", False),
     ("model-file-missing", ["run", "--config-dir", "{conf}", "model=missing"], "/nonexistent/m.gguf", False),
+    ("value-rounds-zero", ["sweep", "sweep.rounds=0"], "sweep.rounds must be >= 1 (got 0)", False),
+    ("value-max-cv-negative", ["sweep", "sweep.max_cv=-1"], "sweep.max_cv must be >= 0 (got -1)", False),
+    ("value-interval-zero", ["run", "telemetry.interval_ms=0"], "telemetry.interval_ms must be >= 1 (got 0)", False),
+    ("value-start-below-c", ["run", "thermal.start_below_c=-100"], "thermal.start_below_c must be > 0", False),
+    ("value-n-gpu-layers", ["run", "backend.n_gpu_layers=-5"], "-1 offloads all layers", False),
+    ("value-swept-out-of-bounds", ["sweep", "telemetry.interval_ms=100,0"], "telemetry.interval_ms must be >= 1",
+     False),
+    # model files: checked at planning, so nothing runs and no FAILED run blames the backend
+    ("model-file-directory", ["run", *_own_file("a-directory.gguf")], "is a directory, not a GGUF file", False),
+    ("model-file-empty", ["run", *_own_file("empty.gguf")], "is empty (0 bytes)", False),
+    ("model-file-not-gguf", ["run", *_own_file("text.gguf")], "is not a GGUF file", False),
+    ("model-file-cut-in-header", ["run", *_own_file("cut-header.gguf")], "is truncated or corrupt", False),
+    ("model-file-cut-in-data", ["run", *_own_file("cut-data.gguf")], "is truncated: its header describes", False),
+    ("model-name-borrowed", ["run", "--config-dir", "{conf}", "device=remote", "model.source=files",
+                             "model.path_template=/models/llama-1b.gguf"], "set model.name=NAME", False),
     # options and paths
     ("output-format", ["sweep", "-o", "xml"], "Invalid value for '-o'", False),
     ("cfg-kind", ["run", "--cfg", "everything"], "Invalid value for '--cfg'", False),
@@ -153,6 +197,8 @@ def test_bad_input(case_id, argv, expect, with_store, tmp_path, request, monkeyp
         shutil.copytree(request.getfixturevalue("store"), results)
         before = _snapshot(results)
     subs = {"{conf}": str(_user_conf(tmp_path)), "{closed}": str(_closed_port()), "{out}": str(tmp_path / "out")}
+    if any("{models}" in a for a in argv):
+        subs["{models}"] = str(request.getfixturevalue("broken_models"))
     (tmp_path / "out").mkdir()
 
     def fill(text: str) -> str:

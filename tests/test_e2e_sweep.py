@@ -4,7 +4,6 @@ results checked through MlflowClient the way a user sees them in the MLflow UI."
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from jbench.backends.llamacpp.bench import parse_output
 
 from .conftest import jbench_cli
+from .gguf_files import unloadable_gguf
 
 pytestmark = pytest.mark.e2e
 
@@ -76,8 +76,7 @@ def test_quant_ladder_sweep_lands_in_mlflow(tmp_path, llama_build, bundled_model
 
 
 def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, llama_build, bundled_model):
-    corrupt = tmp_path / "corrupt.gguf"
-    corrupt.write_bytes(b"GGUF" + os.urandom(4096))
+    corrupt = unloadable_gguf(tmp_path / "corrupt.gguf")  # a whole GGUF file (planning refuses a broken one)
     conf = tmp_path / "conf"
     (conf / "model").mkdir(parents=True)
     (conf / "model" / "mixed.yaml").write_text(json.dumps({

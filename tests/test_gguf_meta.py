@@ -36,3 +36,27 @@ def test_corrupt_and_foreign_files(tmp_path):
     other.write_bytes(b"PK\x03\x04" + bytes(64))
     with pytest.raises(GGUFMetaError, match="not a GGUF file"):
         header(other)
+
+
+def test_data_end_is_a_whole_files_size_and_finds_a_cut_one(tmp_path):
+    from jbench.models.gguf import data_end
+    from jbench.models.store import gguf_file_problem
+
+    from .gguf_files import unloadable_gguf
+
+    whole = unloadable_gguf(tmp_path / "whole.gguf")
+    size = whole.stat().st_size
+    assert data_end(whole) == size and gguf_file_problem(str(whole)) is None
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:-1])  # one byte of the last tensor's data missing
+    assert data_end(cut) == size
+    assert gguf_file_problem(str(cut)) == (f"is truncated: its header describes {size} bytes, the file has {size - 1} "
+                                           "(an interrupted download or copy?)")
+
+
+@pytest.mark.e2e
+def test_data_end_of_every_bundled_file_is_its_size(bundled_model):
+    from jbench.models.gguf import data_end
+
+    for quant, entry in bundled_model.items():
+        assert data_end(entry["path"]) == Path(entry["path"]).stat().st_size, quant

@@ -9,6 +9,8 @@ from jbench.core.identity import config_hash, identity_items_from_flat, identity
 from jbench.sweeps.plan import plan
 from jbench.core.trial import short_label
 
+from .gguf_files import unloadable_gguf
+
 
 @pytest.mark.parametrize("point, name", [
     ({"model.quant": "Q4_0"}, "Q4_0"),
@@ -75,8 +77,7 @@ def test_a_model_override_that_cannot_take_effect_is_a_plan_problem(overrides, m
 
 
 def test_a_users_existing_file_is_no_problem(tmp_path):
-    own = tmp_path / "mine-Q4_0.gguf"
-    own.write_bytes(b"GGUF")
+    own = unloadable_gguf(tmp_path / "mine-Q4_0.gguf")  # whole: planning reads a GGUF file's header and size
     problems = plan(["model.source=files", "model.name=mine", "model.quant=Q4_0", f"+model.files.Q4_0={own}"],
                     use_grid=False).problems
     assert not [p for p in problems if "mine" in p], problems

@@ -86,6 +86,9 @@ class Capabilities:
     flash_attention: bool = False
     context_depth: bool = False
     latency_scenario: bool = False
+    # The model file is a GGUF file (llama.cpp): planning checks its header and size, so a directory, an empty,
+    # foreign or truncated file stops the sweep before it runs (other backends read formats of their own).
+    gguf_models: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -148,6 +151,20 @@ def command_failure(tool: str, res: CommandResult, raw_output: Optional[str] = N
     return BackendError(category, f"{tool} exited with code {res.returncode}: {tail}",
                         res.stdout if raw_output is None else raw_output,
                         res.stderr if raw_stderr is None else raw_stderr)
+
+
+def timeout_failure(tool: str, argv: list[str], limit_s: float,
+                    limit_key: Optional[str] = "backend.timeout_s") -> BackendError:
+    """The BackendError `timeout` for a backend command that ran past its limit, named as the user knows it: the
+    backend's own command (its program by name, not jbench's wrapper that stamps output lines with the device's
+    clock) and the setting whose limit was hit (None: a fixed limit of jbench's). The full path is in the trial's
+    log."""
+    import os
+    import shlex
+
+    shown = shlex.join([os.path.basename(str(argv[0])), *map(str, argv[1:])]) if argv else tool
+    limit = f"{limit_key}={limit_s:g} s" if limit_key else f"{limit_s:g} s"
+    return BackendError("timeout", f"{tool} did not finish within {limit}: {shown}")
 
 
 def device_model_path(trial: Trial, conn: Connection, what: str = "model file") -> str:

@@ -10,7 +10,7 @@ from rich.table import Table
 from jbench.cli.app import common_options, _config_dir_option, _fail, console, err_console, main
 from jbench.core.schema import DeviceConfig, ProfileConfig, typed
 from jbench.device.bandwidth import device_bandwidth
-from jbench.device.telemetry.tegrastats import parse_stream, sample_to_dict
+from jbench.device.telemetry.tegrastats import read_log, sample_to_dict
 
 
 @main.command()
@@ -98,17 +98,21 @@ def telemetry() -> None:
 
 @telemetry.command("parse")
 @common_options(results_dir=False)
-@click.argument("source", type=click.File("r"))
+@click.argument("source", type=click.File("rb"))
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("--rails", default=None, help="Comma list of rails whose sum is the total power (default: the documented rule).")
 def telemetry_parse(source, fmt, rails) -> None:
-    """Turn a tegrastats log (FILE or -) into JSON lines or CSV; unparseable lines are counted and skipped."""
+    """Turn a tegrastats log (FILE or -, plain or gzip-compressed) into JSON lines or CSV; unparseable lines
+    (undecodable bytes included) are counted and skipped."""
     import csv
+    import io
     import json
 
     spec = rails.split(",") if rails else None
-    samples, skipped = parse_stream(source)
-    rows = [sample_to_dict(sample, spec) for sample in samples]
+    # Buffered, so the gzip magic bytes can be peeked at on a pipe too.
+    read = read_log(source if isinstance(source, io.BufferedReader) else io.BufferedReader(source))
+    skipped = read.skipped
+    rows = [sample_to_dict(sample, spec) for sample in read.samples]
     if fmt == "jsonl":
         for row in rows:
             click.echo(json.dumps(row, default=str))
@@ -120,6 +124,8 @@ def telemetry_parse(source, fmt, rails) -> None:
         writer.writeheader()
         writer.writerows(rows)
     err_console.print(f"{len(rows)} samples, {skipped} unparseable line(s) skipped", highlight=False)
+    if read.cut_short:
+        err_console.print(f"warning: {source.name}: {read.cut_short}", highlight=False)
 
 
 @main.group()

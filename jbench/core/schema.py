@@ -97,6 +97,47 @@ def _nested_schema(f: dataclasses.Field) -> Optional[type]:
 
 
 # --------------------------------------------------------------------------------------------
+# Bounds: the values a numeric field can take and still mean something (sweep.rounds=0 runs nothing, a negative
+# interval samples nothing). Declared in the field's metadata, checked before anything runs (bounds_problems).
+
+BOUNDS = "bounds"
+
+
+def bounded(low: Optional[float] = None, *, above: Optional[float] = None, high: Optional[float] = None,
+            note: str = "") -> dict:
+    """Field metadata bounding a number: >= low, > above, <= high (None: unbounded that way); note says what the
+    edge values mean ("-1: all layers"). None as the field's value stays valid where the field allows it."""
+    return {BOUNDS: (low, above, high, note)}
+
+
+def bounds_problems(section: Any, where: str) -> list[str]:
+    """One message per field of a schema object (and of its nested schema objects) outside its declared bounds."""
+    problems = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        dotted = f"{where}.{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            problems += bounds_problems(value, dotted)
+            continue
+        spec = f.metadata.get(BOUNDS) if f.metadata else None
+        if spec is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low, above, high, note = spec
+        if (low is not None and value < low) or (above is not None and value <= above) or \
+                (high is not None and value > high):
+            if low is not None and high is not None:
+                want = f"between {low:g} and {high:g}"
+            elif above is not None:
+                want = f"> {above:g}" + (f" and <= {high:g}" if high is not None else "")
+            elif low is not None:
+                want = f">= {low:g}"
+            else:
+                want = f"<= {high:g}"
+            problems.append(f"{dotted} must be {want} (got {value:g})" + (f"; {note}" if note else ""))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
 # Typed views of plain config sections
 
 T = TypeVar("T")
@@ -292,12 +333,12 @@ class TelemetryConfig:
 
     # auto | tegrastats | jtop | nvml | sysfs | none
     source: str = nonident("auto")
-    interval_ms: int = nonident(100)
+    interval_ms: int = nonident(100, metadata=bounded(1))
     # The sysfs source's hwmon reader (INA3221/INA238) samples at its own, shorter interval (10 ms = 100 Hz).
-    hwmon_interval_ms: int = nonident(10)
+    hwmon_interval_ms: int = nonident(10, metadata=bounded(1))
     # Idle baseline sampled before the backend starts, and cooldown after it ends.
-    idle_s: float = nonident(3.0)
-    cooldown_s: float = nonident(2.0)
+    idle_s: float = nonident(3.0, metadata=bounded(0))
+    cooldown_s: float = nonident(2.0, metadata=bounded(0))
     # Run a phase again, longer, when its speed window is shorter than energy.min_window_s.
     energy_pass: bool = nonident(True)
 
@@ -411,30 +452,31 @@ class SweepConfig:
     # Drop (with a note) trials whose backend is not available on the device, instead of failing.
     skip_unavailable_backends: bool = nonident(False)
     # Split each trial's repetitions over this many interleaved passes of the whole sweep.
-    rounds: int = nonident(1)
+    rounds: int = nonident(1, metadata=bounded(1))
     # Run trials again even when a FINISHED run with the same config hash exists.
     rerun: bool = nonident(False)
     # A trial whose decode (or prefill) tok/s coefficient of variation exceeds this is tagged noisy.
-    max_cv: float = nonident(0.05)
+    max_cv: float = nonident(0.05, metadata=bounded(0, note="0.05 flags a spread above 5 % of the mean, 0 any spread"))
     rerun_noisy: bool = nonident(False)
     # Memory kept free for the OS and runtime when checking that model + KV cache fit.
-    memory_reserve_gb: float = nonident(1.0)
+    memory_reserve_gb: float = nonident(1.0, metadata=bounded(0))
     # Connection retries (with exponential backoff) before a trial counts as failed.
-    connection_retries: int = nonident(3)
+    connection_retries: int = nonident(3, metadata=bounded(0))
     # A sweep over a device class (`device=@CLASS`): consecutive trials of one unit failing for device reasons
     # (lost connection, device errors) before that unit is dropped and its trials go to the others.
-    drop_device_after: int = nonident(2)
+    drop_device_after: int = nonident(2, metadata=bounded(1))
 
 
 @dataclass
 class ThermalConfig:
     """Thermal gate before each trial; devices without temperature sensors are not gated."""
 
-    start_below_c: Optional[float] = nonident(60.0)
-    timeout_s: float = nonident(600.0)
-    poll_s: float = nonident(5.0)
+    # The hottest sensor's temperature in C (the Jetson profiles' throttle_temp_c is 99); null: no gate.
+    start_below_c: Optional[float] = nonident(60.0, metadata=bounded(above=0, high=125, note="null turns the gate off"))
+    timeout_s: float = nonident(600.0, metadata=bounded(0))
+    poll_s: float = nonident(5.0, metadata=bounded(above=0))
     # Extra wait before every trial (after the gate).
-    cooldown_s: float = nonident(0.0)
+    cooldown_s: float = nonident(0.0, metadata=bounded(0))
 
 
 @dataclass

@@ -14,11 +14,12 @@ cached on disk across processes (jbench.models.facts: `model_facts(path).kv_arch
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _SIZES = {k: struct.calcsize(v) for k, v in _SCALARS.items()}
@@ -122,7 +123,8 @@ def _skip_array(buf: _Buffer, off: int, etype: int, count: int) -> int:
 _SMALL_ARRAY = 4096
 
 
-def _walk(buf: _Buffer, path: str) -> tuple[dict[str, Any], tuple]:
+def _walk(buf: _Buffer, path: str, layout: Optional[list[int]] = None) -> tuple[dict[str, Any], tuple]:
+    """layout, when given, receives each tensor's data offset and then the offset where the tensor table ends."""
     out: dict[str, Any] = {}
     tensors = []
     if buf.size < 4:
@@ -162,8 +164,12 @@ def _walk(buf: _Buffer, path: str) -> tuple[dict[str, Any], tuple]:
         end = off + 8 * n_dims
         data = buf.ensure(end)
         dims = struct.unpack_from("<" + "Q" * n_dims, data, off)
-        (ttype, _offset), off = _unpack(buf, _TENSOR_TAIL, end)
+        (ttype, offset), off = _unpack(buf, _TENSOR_TAIL, end)
         tensors.append((name, tuple(int(d) for d in dims), int(ttype)))
+        if layout is not None:
+            layout.append(int(offset))
+    if layout is not None:
+        layout.append(off)
     return out, tuple(tensors)
 
 
@@ -171,6 +177,37 @@ def read_header(path: str | Path) -> tuple[dict[str, Any], tuple]:
     """One uncached read of the header (see `header`)."""
     with open(path, "rb") as f:
         return _walk(_Buffer(f, os.fstat(f.fileno()).st_size), str(path))
+
+
+def data_end(path: str | Path) -> Optional[int]:
+    """The file size the header describes: where the last tensor's data ends (the tensor data starts at the first
+    multiple of general.alignment after the tensor table). A smaller file is truncated: the header survived a cut
+    download or copy, the weights did not. None when a tensor's type has no known size. Raises OSError or
+    GGUFMetaError as read_header does. Memoized by (path, mtime, size)."""
+    st = Path(path).stat()
+    return _data_end_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _data_end_cached(path: str, mtime_ns: int, size: int) -> Optional[int]:
+    from jbench.models.types import RooflineError, tensor_bytes
+
+    layout: list[int] = []
+    with open(path, "rb") as f:
+        meta, tensors = _walk(_Buffer(f, os.fstat(f.fileno()).st_size), path, layout)
+    alignment = meta.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        alignment = 32
+    table_end = layout[-1]
+    data_start = -(-table_end // alignment) * alignment
+    end = data_start
+    for (_name, dims, ttype), offset in zip(tensors, layout):
+        try:
+            n_bytes = tensor_bytes(ttype, math.prod(dims))
+        except RooflineError:
+            return None
+        end = max(end, data_start + offset + n_bytes)
+    return end
 
 
 @lru_cache(maxsize=64)

@@ -102,20 +102,90 @@ def override_problem(section: ModelSection) -> Optional[str]:
             f"model.name=<your model's name> with it")
 
 
-def local_file_problem(section: ModelSection) -> Optional[str]:
-    """Why the trial's model file is missing on this machine, or None (found, or not resolvable: the
-    backend's validation reports that)."""
+def borrows_bundled_name(section: ModelSection, entry: Optional[str]) -> bool:
+    """True when a model section benchmarks the user's own file under a bundled model's name: model.source=files on
+    a bundled entry (its package still set) whose name the user did not change (`model=gemma3_270m
+    model.source=files model.path_template=/models/llama-1b.gguf`). Recorded as is, another model's figures would
+    be filed under the bundled model's name. entry: the model group option the config was composed from."""
+    model = typed(ModelConfig, section, where="model")
+    return model.source == "files" and bool(model.package) and model.name == entry
+
+
+def name_from_file(path: str) -> Optional[tuple[str, str]]:
+    """(model name, display name) read from a local GGUF file: its general.name ("Llama 3.2 1B" ->
+    "llama_3_2_1b"), else its architecture and parameter count from the tensor table ("llama 1.24B"); None when
+    the file is not a readable GGUF file here."""
+    import math
+    import re
+
+    from jbench.models.facts import model_facts
+    from jbench.models.gguf import GGUFMetaError
+
+    try:
+        facts = model_facts(path)
+    except (OSError, GGUFMetaError):
+        return None
+    display = (facts.name or "").strip()
+    if not display:
+        if not facts.architecture:
+            return None
+        params = sum(math.prod(dims) for _name, dims, _type in facts.tensors)
+        size = f"{params / 1e9:.3g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+        display = f"{facts.architecture} {size}"
+    name = re.sub(r"[^a-z0-9]+", "_", display.lower()).strip("_")
+    return (name, display) if name else None
+
+
+def same_model_name(a: str, b: str) -> bool:
+    """Two spellings of one model name ("gemma3_270m", "Gemma 3 270m"): equal letters and digits, case aside."""
+    def key(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    return key(a) == key(b)
+
+
+def local_file_problem(section: ModelSection, *, gguf: bool = False) -> Optional[str]:
+    """Why the trial's model file is missing on this machine, or with gguf (a backend that loads GGUF files) not a
+    whole GGUF file (gguf_file_problem); None when it is fine, or not resolvable: the backend's validation reports
+    that."""
     model = typed(ModelConfig, section, where="model")
     try:
         path, _ = resolve_model_file(model)
     except ModelError:
         return None
-    if os.path.exists(os.path.expanduser(path)):
-        return None
+    fix = "run `jbench setup`" if model.source == "bundled" else f"fix model.files.{model.quant} or model.path_template"
+    local = os.path.expanduser(path)
+    if os.path.exists(local):
+        problem = gguf_file_problem(local) if gguf else None
+        return f"model '{model.name}' {model.quant}: {path} {problem}; {fix}" if problem else None
     if model.source == "bundled":
         return f"model '{model.name}' {model.quant}: {path} is gone: run `jbench setup`"
-    return (f"model file {path} not found (model '{model.name}' {model.quant}): fix model.files.{model.quant} or "
-            f"model.path_template")
+    return f"model file {path} not found (model '{model.name}' {model.quant}): {fix}"
+
+
+def gguf_file_problem(path: str) -> Optional[str]:
+    """Why the local file at path cannot be the GGUF model a backend loads (a phrase: "is a directory", "is empty",
+    "is not a GGUF file", "is truncated: ..."), or None. Reads the header only (cached by path, size and mtime)."""
+    from jbench.models.gguf import GGUFMetaError, data_end
+
+    if os.path.isdir(path):
+        return "is a directory, not a GGUF file"
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return "is empty (0 bytes)"
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return "is not a GGUF file (it does not start with the GGUF magic bytes)"
+        end = data_end(path)
+    except GGUFMetaError as exc:
+        return f"is truncated or corrupt: {exc}"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if end is not None and size < end:
+        return (f"is truncated: its header describes {end} bytes, the file has {size} "
+                "(an interrupted download or copy?)")
+    return None
 
 
 def resolve_model_file(section: ModelSection) -> tuple[str, dict]:

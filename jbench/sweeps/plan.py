@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Optional, Protocol, runtime_checkable
 
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
-from jbench.core.schema import DeviceConfig, FarmConfig, ProfileConfig, SweepConfig, TrackingConfig, typed
+from jbench.core.schema import (DeviceConfig, FarmConfig, ProfileConfig, SweepConfig, TrackingConfig, bounds_problems,
+                                typed)
 from jbench.core.trial import Trial, TrialConfig, context_tokens, trial_config
 from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
@@ -402,6 +403,41 @@ def expand(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, us
     return Expansion(cells, dims, sweep, experiment, tracking)
 
 
+def name_models(cells: list[Cell]) -> list[str]:
+    """Cells that benchmark the user's own file under a bundled model's name (model.source=files on the bundled
+    entry, model.name left as it was) are named from the file they measure: its GGUF general.name, else its
+    architecture and size. The bundled entry's package, source hash and ladder describe another file and are
+    dropped. Only a file this machine reads (a local device); validate refuses the rest, naming the fix."""
+    import os
+
+    from jbench.models.store import (ModelError, borrows_bundled_name, name_from_file, resolve_model_file,
+                                     same_model_name)
+
+    notes: dict[str, None] = {}
+    for cell in cells:
+        model = cell.cfg.model
+        if cell.cfg.device.kind != "local" or not borrows_bundled_name(model, cell.choices.get("model")):
+            continue
+        try:
+            path, _ = resolve_model_file(model)
+        except ModelError:
+            continue
+        named = name_from_file(os.path.expanduser(path))
+        if named is None:
+            continue
+        name, display = named
+        if same_model_name(model.name, name):
+            name, display = model.name, model.display_name or display
+        else:
+            notes[f"model.name={name} (was {model.name}): {path} is '{display}' by its GGUF header, not the "
+                  f"bundled {model.name}; set model.name to name it yourself"] = None
+        own = dataclasses.replace(model, name=name, display_name=display, package=None, package_version=None,
+                                  source_sha256=None, source_quant=None, ladder=[])
+        _set_dotted(cell.config, "model", dataclasses.asdict(own))
+        cell.__dict__.pop("cfg", None)  # the typed view read above is of the old section
+    return list(notes)
+
+
 def drop(cells: list[Cell], *, exclude: list[dict], drop_beyond_context: bool) -> tuple[list[Cell], list[str]]:
     """Cells the experiment declares meaningless are dropped, each with a note naming the rule."""
     kept, notes = [], []
@@ -451,8 +487,9 @@ def validate(cells: list[Cell], *, reserve_bytes: float) -> tuple[list[Trial], l
         else:
             backend = cls(cfg.backend)
             msgs = backend.validate(trial) + _capability_problems(cls, cfg)
-            msgs += _model_file_problems(cfg, msgs, backend.reads_model_file(trial))
-        msgs += _registered_names_problems(cfg)
+            msgs += _model_file_problems(cfg, msgs, backend.reads_model_file(trial), cell.choices.get("model"),
+                                         cls.CAPABILITIES.gguf_models)
+        msgs += _registered_names_problems(cfg) + _bounds_problems(cfg)
         if not msgs:
             fit = memory_check(cfg, reserve_bytes)
             if fit:
@@ -485,8 +522,8 @@ def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
 
 
 def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
-    """expand -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the config as
-    a whole; problems of single trials are collected in Plan.problems."""
+    """expand -> name_models -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the
+    config as a whole; problems of single trials are collected in Plan.problems."""
     pool, composed = _pool(overrides, config_dirs)
     ex = expand(composed, config_dirs, use_grid=use_grid)
     if pool is not None:
@@ -497,8 +534,12 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
             _set_dotted(cell.config, "device.device_class", pool.device_class)
             cell.choices["device"] = pool.name
     sweep, tracking = ex.sweep, ex.tracking
+    if bad := bounds_problems(sweep, "sweep"):
+        raise ConfigError("; ".join(bad))
+    named = name_models(ex.cells)
     kept, notes = drop(ex.cells, exclude=sweep.exclude if use_grid else [],
                        drop_beyond_context=sweep.drop_beyond_context and use_grid)
+    notes = named + notes
     trials, problems = validate(kept, reserve_bytes=sweep.memory_reserve_gb * 1e9)
     rounds = max(1, sweep.rounds)
     final = replicate(order(trials), rounds)
@@ -589,18 +630,35 @@ def _farm_members(coordinator: str, selector: dict, overrides: list[str],
     return members, entries
 
 
-def _model_file_problems(cfg: TrialConfig, found: list[str], reads_file: bool) -> list[str]:
-    """A file override that would be ignored, or a model file missing on this machine (a local device) for
-    a backend that reads it: caught here, so nothing runs, rather than as FAILED runs (a remote device's
-    file: at preflight)."""
-    from jbench.models.store import local_file_problem, override_problem
+def _model_file_problems(cfg: TrialConfig, found: list[str], reads_file: bool, entry: Optional[str],
+                         gguf: bool) -> list[str]:
+    """A file override that would be ignored, a model file missing or broken on this machine (a local device) for
+    a backend that reads it, or a file recorded under a bundled model's name that name_models could not replace:
+    caught here, so nothing runs, rather than as FAILED or misnamed runs (a remote device's file: at preflight)."""
+    from jbench.models.store import borrows_bundled_name, local_file_problem, override_problem
 
     if (msg := override_problem(cfg.model)) is not None:
         return [msg]
-    if found or not reads_file or cfg.device.kind != "local":
+    if found:
         return []
-    msg = local_file_problem(cfg.model)
-    return [msg] if msg else []
+    if reads_file and cfg.device.kind == "local" and (msg := local_file_problem(cfg.model, gguf=gguf)):
+        return [msg]
+    if borrows_bundled_name(cfg.model, entry):
+        return [f"model.source=files replaces the bundled model's file but keeps its name '{cfg.model.name}', so "
+                f"another model's figures would be recorded as {cfg.model.name}: set model.name=NAME (your model's "
+                "name), or use a model entry of your own (model=NAME, docs: README \"Your own configs\")"]
+    return []
+
+
+def _bounds_problems(cfg: TrialConfig) -> list[str]:
+    """Values outside their schema's declared bounds (core/schema.py `bounded`), in every section a trial runs with
+    (sweep: the plan's, checked once in plan())."""
+    problems = []
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if f.name != "sweep" and dataclasses.is_dataclass(section) and not isinstance(section, type):
+            problems += bounds_problems(section, f.name)
+    return problems
 
 
 def _registered_names_problems(cfg: TrialConfig) -> list[str]:

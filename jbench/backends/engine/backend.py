@@ -32,7 +32,8 @@ from jbench.models.store import ModelError, resolve_model_file
 from jbench.core.results import BackendResult, PhaseResult
 from jbench.core.schema import SchemaError, typed
 from jbench.core.trial import Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
+from jbench.backends.base import (Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems,
+                                  timeout_failure)
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -413,8 +414,8 @@ class EngineBackend(Backend[EngineConfig]):
         try:
             res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s,
                            env={str(k): str(v) for k, v in cfg.env.items()} or None)
-        except CommandTimeout as exc:
-            raise BackendError("timeout", f"engine ({what}) did not finish within {cfg.timeout_s:g} s: {exc}") from None
+        except CommandTimeout:
+            raise timeout_failure(f"engine ({what})", argv, cfg.timeout_s) from None
         log.info("engine (%s) exited %d after %.2f s", what, res.returncode, res.duration_s)
         if res.returncode != 0:
             raise command_failure(f"engine ({what})", res)

@@ -20,11 +20,13 @@ from typing import List, Optional
 from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
+from jbench.core.schema import bounded
 from jbench.core.trial import Trial
 from jbench.core.results import BackendResult
 from jbench.backends.llamacpp import client, server
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems
+from jbench.backends.base import (Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems,
+                                  timeout_failure)
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -47,7 +49,8 @@ class LlamaCppConfig:
     depth: int = field(default=0, metadata={"identity": True})
     repetitions: int = field(default=3, metadata={"identity": "bench"})
     warmup: bool = field(default=True, metadata={"identity": "bench"})
-    n_gpu_layers: int = field(default=99, metadata={"identity": True})
+    # Layers offloaded to the GPU; -1 (llama.cpp's own spelling) or more than the model has: all of them.
+    n_gpu_layers: int = field(default=99, metadata={"identity": True, **bounded(-1, note="-1 offloads all layers")})
     # None: llama-bench's own default (the number of physical cores it detects).
     threads: Optional[int] = field(default=None, metadata={"identity": True})
     n_batch: Optional[int] = field(default=None, metadata={"identity": True})
@@ -89,7 +92,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
     NAME = "llamacpp"
     CONFIG = LlamaCppConfig
     CAPABILITIES = Capabilities(
-        kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=True
+        kv_types=frozenset(KV_TYPES), flash_attention=True, context_depth=True, latency_scenario=True, gguf_models=True
     )
 
     def binary_dir(self) -> str:
@@ -240,8 +243,8 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         try:
             # Stamped with the device clock: each record's time delimits its phase window for energy.
             res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s)
-        except CommandTimeout as exc:
-            raise BackendError("timeout", str(exc)) from None
+        except CommandTimeout:
+            raise timeout_failure("llama-bench", argv, cfg.timeout_s) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
         if res.returncode != 0:
             raise command_failure("llama-bench", res)

@@ -45,7 +45,7 @@ from jbench.device.connection import CommandResult, CommandTimeout, Connection
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.core.results import BackendResult, PhaseResult
 from jbench.core.trial import Trial
-from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path
+from jbench.backends.base import Backend, BackendError, Capabilities, command_failure, device_model_path, timeout_failure
 from jbench.backends.trtllm.parse import (
     JetsonBenchmarkRecord,
     PhaseMetrics,
@@ -321,7 +321,8 @@ class TrtllmBackend(Backend[TrtllmConfig]):
         cfg = self.config
         version = cfg.trtllm_version
         if not version:
-            res = self._run(conn, [cfg.python, "-c", _VERSION_CODE], 300, "reading the TensorRT-LLM version")
+            res = self._run(conn, [cfg.python, "-c", _VERSION_CODE], 300, "reading the TensorRT-LLM version",
+                            limit_key=None)
             if res.returncode != 0 or not _last_line(res.stdout):
                 raise BackendError("missing_binary",
                                    f"cannot import tensorrt_llm with {cfg.python} on device '{conn.name}' (set "
@@ -330,17 +331,20 @@ class TrtllmBackend(Backend[TrtllmConfig]):
             version = _strip_version(res.stdout)
         device = cfg.device_name
         if not device:
-            res = self._run(conn, ["sh", "-c", _DEVICE_NAME], 60, "reading the device name")
+            res = self._run(conn, ["sh", "-c", _DEVICE_NAME], 60, "reading the device name", limit_key=None)
             device = _last_line(res.stdout) or conn.name
         self._facts[conn.name] = (version, device)
         return version, device
 
     def _run(self, conn: Connection, argv: list[str], timeout: float, what: str, *,
-             stdin: Optional[str] = None) -> CommandResult:
+             stdin: Optional[str] = None, limit_key: Optional[str] = "backend.timeout_s",
+             shown: Optional[list[str]] = None) -> CommandResult:
+        """conn.run; past its limit a `timeout` naming the command (shown: the one inside a shell wrapper) and
+        the setting of the limit (None: a limit of jbench's own)."""
         try:
             return conn.run(argv, timeout=timeout, stdin=stdin)
-        except CommandTimeout as exc:
-            raise BackendError("timeout", f"{what} did not finish within {timeout:g} s: {exc}") from None
+        except CommandTimeout:
+            raise timeout_failure(what, shown or argv, timeout, limit_key) from None
 
     # ---- engine
 
@@ -370,7 +374,7 @@ class TrtllmBackend(Backend[TrtllmConfig]):
         engine_dir = posixpath.join(root, f"{_safe(model.name)}-{_safe(str(model.quant))}-{key}")
         manifest_path = posixpath.join(engine_dir, MANIFEST)
         if conn.exists(manifest_path):
-            res = self._run(conn, ["cat", manifest_path], 60, "reading the engine manifest")
+            res = self._run(conn, ["cat", manifest_path], 60, "reading the engine manifest", limit_key=None)
             try:
                 manifest = json.loads(res.stdout)
             except ValueError:
@@ -380,16 +384,16 @@ class TrtllmBackend(Backend[TrtllmConfig]):
                 return engine_dir, "cached", manifest
             log.info("engine manifest %s does not match key %s: rebuilding", manifest_path, key)
         argv = self.build_command(checkpoint, engine_dir, cfg)
-        self._run(conn, ["mkdir", "-p", engine_dir], 60, "creating the engine directory")
+        self._run(conn, ["mkdir", "-p", engine_dir], 60, "creating the engine directory", limit_key=None)
         log.info("building TensorRT-LLM engine: %s", shlex.join(argv))
         started = time.monotonic()
-        res = self._run(conn, argv, cfg.build_timeout_s, "trtllm-build")
+        res = self._run(conn, argv, cfg.build_timeout_s, "trtllm-build", limit_key="backend.build_timeout_s")
         if res.returncode != 0:
             raise command_failure("trtllm-build", res, check_stdout=True)
         manifest = {"key": key, "fields": key_fields, "command": argv, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_s": round(time.monotonic() - started, 3), "jbench": "trtllm backend"}
         res = self._run(conn, ["sh", "-c", _WRITE_STDIN, "sh", manifest_path], 60, "writing the engine manifest",
-                        stdin=json.dumps(manifest, indent=2, sort_keys=True))
+                        stdin=json.dumps(manifest, indent=2, sort_keys=True), limit_key=None)
         if res.returncode != 0:
             raise BackendError("backend_crash", f"cannot write {manifest_path} on device '{conn.name}': "
                                f"{_last_line(res.stderr)}", res.stdout, res.stderr)
@@ -419,10 +423,11 @@ class TrtllmBackend(Backend[TrtllmConfig]):
         if conn.exists(path):
             log.info("dataset cached: %s", path)
             return path
-        self._run(conn, ["mkdir", "-p", root], 60, "creating the dataset directory")
+        self._run(conn, ["mkdir", "-p", root], 60, "creating the dataset directory", limit_key=None)
         argv = self.dataset_command(cfg)
         log.info("preparing dataset: %s > %s", shlex.join(argv), path)
-        res = self._run(conn, ["sh", "-c", _STDOUT_TO_FILE, "sh", path, *argv], cfg.timeout_s, "prepare_dataset.py")
+        res = self._run(conn, ["sh", "-c", _STDOUT_TO_FILE, "sh", path, *argv], cfg.timeout_s, "prepare_dataset.py",
+                        shown=argv)
         if res.returncode != 0:
             raise BackendError("backend_crash", f"prepare_dataset.py exited with code {res.returncode}: "
                                f"{_last_line(res.stderr)}", res.stdout, res.stderr)

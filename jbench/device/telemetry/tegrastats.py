@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Sequence
 
 from jbench.core.schema import ProfileConfig
 from jbench.device.telemetry.rails import INPUT_RAILS, SUMMED_RAIL_SETS, InputPower, input_power
@@ -320,6 +320,47 @@ def parse_stream(lines: Iterable[str]) -> tuple[list[TegrastatsSample], int]:
         else:
             samples.append(sample)
     return samples, skipped
+
+
+@dataclass
+class LogRead:
+    """A tegrastats log file read back: its samples, the lines that were not tegrastats output (undecodable bytes
+    included), and why reading stopped early (a gzip file cut short), if it did."""
+
+    samples: list[TegrastatsSample]
+    skipped: int
+    cut_short: str = ""
+
+
+def read_log(stream: BinaryIO) -> LogRead:
+    """Parse a tegrastats log given as bytes: gzip-compressed (logrotate's default, found by its magic bytes, not its
+    name) or plain. A line that is not UTF-8 counts as unparseable, like any other line that is not tegrastats
+    output; a compressed file that ends mid-stream keeps the lines before the cut."""
+    import gzip
+    import zlib
+
+    head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
+    raw: Any = gzip.GzipFile(fileobj=stream) if head == b"\x1f\x8b" else stream
+    samples: list[TegrastatsSample] = []
+    skipped = 0
+    cut_short = ""
+    try:
+        for data in raw:
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError:
+                skipped += 1
+                continue
+            if not line.strip():
+                continue
+            sample = parse_line(line)
+            if sample is None:
+                skipped += 1
+            else:
+                samples.append(sample)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        cut_short = f"the gzip data ends early or is damaged ({exc}); the lines before it were read"
+    return LogRead(samples, skipped, cut_short)
 
 
 # --- board power ----------------------------------------------------------------------------
