@@ -122,6 +122,13 @@ CASES = [
     ("calibrate-unknown", ["calibrate", "nosuch"], "Valid device names", False),
     ("restore-not-a-jetson", ["devices", "restore", "local"], "no Jetson profile", False),
     ("roofline-unknown-model", ["roofline", "--model", "nosuch"], "Valid model names", False),
+    ("roofline-profile-as-device", ["roofline", "--model", "gemma3_270m", "--device", "orin_nano_8gb"],
+     "use --profile orin_nano_8gb", False),
+    ("roofline-unknown-profile", ["roofline", "--model", "gemma3_270m", "--profile", "orin_nano"],
+     "Valid profiles: agx_orin_32gb", False),
+    ("roofline-profile-and-device", ["roofline", "--model", "gemma3_270m", "--profile", "orin_nano_8gb",
+                                     "--device", "local"], "not both", False),
+    ("roofline-negative-ctx", ["roofline", "--model", "gemma3_270m", "--ctx", "-1"], "--ctx", False),
     ("trace-missing-file", ["trace", "analyze", "/nonexistent/trace.log"], "/nonexistent/trace.log", False),
     ("telemetry-missing-file", ["telemetry", "parse", "/nonexistent/tegrastats.log"], "No such file", False),
     # run ids, sweeps and experiments over stored results
