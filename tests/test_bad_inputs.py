@@ -129,6 +129,10 @@ CASES = [
     ("roofline-profile-and-device", ["roofline", "--model", "gemma3_270m", "--profile", "orin_nano_8gb",
                                      "--device", "local"], "not both", False),
     ("roofline-negative-ctx", ["roofline", "--model", "gemma3_270m", "--ctx", "-1"], "--ctx", False),
+    ("roofline-file-elsewhere", ["roofline", "--model", "missing", "--profile", "orin_nano_8gb", "--config-dir",
+                                 "{conf}"], "/nonexistent/m.gguf is not on this machine", False),
+    ("roofline-not-a-gguf", ["roofline", "--model", "{out}/../conf/model/missing.yaml", "--profile", "nano"],
+     "is not a GGUF file", False),
     ("trace-missing-file", ["trace", "analyze", "/nonexistent/trace.log"], "/nonexistent/trace.log", False),
     ("telemetry-missing-file", ["telemetry", "parse", "/nonexistent/tegrastats.log"], "No such file", False),
     # run ids, sweeps and experiments over stored results

@@ -102,6 +102,9 @@ def _model_path(model: str, quant, dirs) -> tuple[str, str]:
         path, _ = resolve_model_file(OmegaConf.to_container(cfg.model, resolve=True))
     except ModelError as exc:
         raise ValueError(str(exc)) from None
+    if not Path(path).expanduser().is_file():  # e.g. a path on the Jetson the entry is for
+        raise ValueError(f"model '{model}' {cfg.model.quant}: {path} is not on this machine; `jbench roofline` reads "
+                         "the file's tensor table here: copy the GGUF file here and give its path with --model")
     return path, model
 
 
