@@ -132,3 +132,15 @@ def test_the_package_builds_without_a_metadata_warning(tmp_path):
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zf.namelist())
     assert "License-Expression: Apache-2.0" in meta.splitlines() and "License-File: LICENSE" in meta.splitlines()
+
+
+@pytest.mark.e2e
+def test_doctor_local_in_an_80_column_terminal(tmp_path):
+    """In tmux at 80 columns the audit's table fits: every line ends on its border, none wraps."""
+    from .test_roofline_cli import in_tmux
+
+    screen = in_tmux(["doctor", "local"])
+    table = [line for line in screen if line[:1] in "┏┃┡│└"]
+    assert any("llama.cpp build" in line for line in table) and any("CPU governor" in line for line in table)
+    assert all(len(line) <= 80 and line[-1] in "┓┃┩│┘" for line in table), "\n".join(screen)
+    assert [line for line in screen if line.strip() and line not in table] == ["doctor: local"], "\n".join(screen)

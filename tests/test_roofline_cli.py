@@ -105,3 +105,43 @@ def test_the_readme_roofline_example_runs_as_written(bundled_model):
         res = jbench_cli(argv)
         assert res.returncode == 0, f"{command}\n{res.stdout}{res.stderr}"
         assert "decode_ceiling_tok_s" in res.stdout, command
+
+
+def in_tmux(args: list[str], *, width: int = 80, timeout: float = 120) -> list[str]:
+    """The screen lines `jbench ARGS` leaves in a real tmux pane `width` columns wide (a private tmux server, so the
+    pane gets this process's environment)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    exe = str(Path(sys.executable).with_name("jbench"))
+    sock, marker = f"jbench-test-{os.getpid()}", "__jbench_done__"
+    command = shlex.join([exe, *args]) + f"; echo {marker}; sleep 600"
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", "200", "-s", "t", command], check=True,
+                   env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")})
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "t", "-S", "-"], capture_output=True,
+                                    text=True, check=True).stdout.splitlines()
+            if marker in screen:
+                return [line.rstrip() for line in screen[:screen.index(marker)]]
+            assert time.monotonic() < deadline, "\n".join(screen)
+            time.sleep(0.5)
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def test_roofline_in_an_80_column_terminal(bundled_model):
+    """In tmux at 80 columns: the table fits (every row ends on its border), and the sentence below it breaks only
+    between words."""
+    args = ["roofline", "--model", "gemma3_270m", "--profile", "orin_nano_8gb", "--ctx", "4096", "--kv", "q8_0"]
+    fit = _roofline(args[1:])["memory_fit"]
+    screen = in_tmux(args)
+    table = [line for line in screen if line[:1] in "┏┃┡│└"]
+    assert len(table) > 10 and all(len(line) <= 80 and line[-1] in "┓┃┩│┘" for line in table), "\n".join(screen)
+    below = screen[screen.index(table[-1]) + 1:]
+    assert below[0].startswith("memory: ") and all(len(line) <= 80 for line in below)
+    assert " ".join(below).split() == f"memory: {fit}".split(), "\n".join(below)  # no word cut in two

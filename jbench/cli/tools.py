@@ -66,7 +66,7 @@ def roofline(model_name, profile_name, device_name, bandwidth_gbs, quant, depth,
     table = Table(title=f"roofline: {fig['model']} {fig.get('quant') or ''}{where}", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", justify="right")
-    # Sentences go below the table, wrapped at word boundaries: a table cell would cut them into a narrow column.
+    # Sentences go below the table: a table cell would cut them into a narrow column.
     sentences = {"memory_fit"}
     for key, value in fig.items():
         if key in sentences:
@@ -79,11 +79,12 @@ def roofline(model_name, profile_name, device_name, bandwidth_gbs, quant, depth,
             value = f"{value:,}"
         table.add_row(key, str(value))
     console.print(table)
+    # In a terminal, wrapped at word boundaries (the terminal would cut words); in a pipe, each sentence whole.
+    wrap = {"markup": False, "highlight": False, "soft_wrap": not console.is_terminal}
     if "memory_fit" in fig:
-        console.print(f"memory: {fig['memory_fit']}", markup=False, highlight=False)
+        console.print(f"memory: {fig['memory_fit']}", **wrap)
     if "decode_ceiling_tok_s" not in fig:
-        console.print("no ceiling: give --profile MODULE (e.g. orin_nano_8gb), --device NAME or --bandwidth-gbs",
-                      markup=False, highlight=False)
+        console.print("no ceiling: give --profile MODULE (e.g. orin_nano_8gb), --device NAME or --bandwidth-gbs", **wrap)
 
 
 def _model_path(model: str, quant, dirs) -> tuple[str, str]:
