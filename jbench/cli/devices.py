@@ -12,7 +12,7 @@ from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import DeviceConfig, ModelConfig, ProfileConfig, typed
 from jbench.core.trial import backend_config
 from jbench.device.connection import DeviceError
-from jbench.device.doctor import Check, check_device, doctor as run_doctor, setup_checks, worst
+from jbench.device.doctor import Check, build_check, check_device, doctor as run_doctor, model_check, worst
 from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStrategy
 from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
@@ -165,9 +165,10 @@ def doctor(device_name: str, config_dirs) -> None:
             checks = run_doctor(conn, device, profile)
     except DeviceError as exc:
         raise _fail(str(exc)) from None
-    if device.kind == "local":
-        binary_dir = backend.binary_dir if isinstance(backend, LlamaCppConfig) else None
-        checks += setup_checks(_default_model(config_dirs), binary_dir)
+    if device.kind == "local":  # what a sweep here needs: the backend's build (llama.cpp's), the model's files
+        if isinstance(backend, LlamaCppConfig):
+            checks.append(build_check(backend.binary_dir))
+        checks.append(model_check(_default_model(config_dirs)))
     console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile.module})" if profile else ""), checks))
     if worst(checks) == "fail":
         raise click.exceptions.Exit(ExitCode.FAILED)

@@ -139,26 +139,32 @@ def governor_check(text: str) -> Check:
     return Check("CPU governor", "warn", f"{detail}: the clock follows the load, so runs vary", GOVERNOR_FIX)
 
 
-def setup_checks(model: ModelConfig, binary_dir: Optional[str]) -> list[Check]:
-    """What the embedded default needs on this machine: a llama.cpp build (`backend.binary_dir`, else the one
-    `jbench setup` made) and the model's files (a bundled model: its whole quant ladder)."""
+def build_check(binary_dir: Optional[str]) -> Check:
+    """The llama.cpp build a trial on this machine runs: `backend.binary_dir`, else the one `jbench setup` made."""
     import os
 
     from jbench.models.provision import active_build
-    from jbench.models.store import ModelError, resolve_model_file
 
-    checks = []
     if binary_dir:
         bench = os.path.join(binary_dir, "llama-bench")
-        ok = os.path.isfile(bench)
-        checks.append(Check("llama.cpp build", "pass" if ok else "fail", f"{bench} (backend.binary_dir)" if ok else
-                            f"{bench} not found (backend.binary_dir)", "" if ok else "fix backend.binary_dir"))
-    else:
-        build = active_build()
-        checks.append(Check("llama.cpp build", "pass", f"llama.cpp {build.get('build_commit', '?')} "
-                                                       f"({build.get('flavor', '?')}) in {build['bin_dir']}")
-                      if build else Check("llama.cpp build", "fail", "no build of `jbench setup` found",
-                                          "run `jbench setup` (or set backend.binary_dir to your own build)"))
+        if os.path.isfile(bench):
+            return Check("llama.cpp build", "pass", f"{bench} (backend.binary_dir)")
+        return Check("llama.cpp build", "fail", f"{bench} not found (backend.binary_dir)", "fix backend.binary_dir")
+    build = active_build()
+    if build is None:
+        return Check("llama.cpp build", "fail", "no build of `jbench setup` found",
+                     "run `jbench setup` (or set backend.binary_dir to your own build)")
+    return Check("llama.cpp build", "pass",
+                 f"llama.cpp {build.get('build_commit', '?')} ({build.get('flavor', '?')}) in {build['bin_dir']}")
+
+
+def model_check(model: ModelConfig) -> Check:
+    """The model's files on this machine: a bundled model's whole quant ladder (`jbench setup` makes it), else the
+    file of the configured quant."""
+    import os
+
+    from jbench.models.store import ModelError, resolve_model_file
+
     quants = list(dict.fromkeys([model.quant, *([model.source_quant] if model.source_quant else []), *model.ladder]))
     if model.source != "bundled":
         quants = [model.quant]  # the user's own files: the configured quant is what a plain run needs
@@ -173,11 +179,9 @@ def setup_checks(model: ModelConfig, binary_dir: Optional[str]) -> list[Check]:
     what = "quant ladder" if model.source == "bundled" else "model file"
     if missing:
         fix = "run `jbench setup`" if model.source == "bundled" else "fix model.files / model.path_template"
-        checks.append(Check(f"model {what}", "fail", f"{model.name}: {', '.join(missing)} missing"
-                            + (f" ({', '.join(found)} installed)" if found else ""), fix))
-    else:
-        checks.append(Check(f"model {what}", "pass", f"{model.name}: {', '.join(found)}"))
-    return checks
+        return Check(f"model {what}", "fail", f"{model.name}: {', '.join(missing)} missing"
+                     + (f" ({', '.join(found)} installed)" if found else ""), fix)
+    return Check(f"model {what}", "pass", f"{model.name}: {', '.join(found)}")
 
 
 def _versions(fp: dict, profile: ProfileConfig) -> list[Check]:
@@ -241,4 +245,4 @@ def worst(checks: list[Check]) -> str:
     return max((c.status for c in checks), key=lambda s: order[s], default="pass")
 
 
-__all__ = ["Check", "check_device", "doctor", "governor_check", "setup_checks", "worst", "DeviceError"]
+__all__ = ["Check", "check_device", "doctor", "build_check", "governor_check", "model_check", "worst", "DeviceError"]
