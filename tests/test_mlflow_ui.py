@@ -49,7 +49,8 @@ def mlflow_server(sweep_store):
     mlflow = Path(sys.executable).with_name("mlflow")
     log = open(sweep_store / "server.log", "w")
     proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{sweep_store}/mlflow.db",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--artifacts-destination", str(sweep_store / "artifacts")],  # as `jbench ui` serves them
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -89,6 +90,7 @@ def test_a_sweep_reads_in_the_mlflow_ui(sweep_store, mlflow_server, tmp_path):
     exp = client.get_experiment_by_name("quant_ladder")
     runs = client.search_runs([exp.experiment_id], "tags.`jbench.kind` = 'trial'")
     decode = {r.info.run_name: r.data.metrics["decode_tps"] for r in runs}
+    decode_run_ids = {r.info.run_name: r.info.run_id[:8] for r in runs}  # the table shows run ids cut short
     assert sorted(decode) == QUANTS
     shots = _shots(tmp_path)
     try:
@@ -147,10 +149,21 @@ def test_a_sweep_reads_in_the_mlflow_ui(sweep_store, mlflow_server, tmp_path):
             for quant in QUANTS:
                 assert points[quant] == pytest.approx(decode[quant], rel=1e-6)
             page.screenshot(path=str(shots / "4-compare-scatter.png"), full_page=True)
+
+            # The sweep's summary table, viewed as a table: every column shows its values (a dotted column name,
+            # read by the UI as a path into the row, showed empty).
+            sweep = client.search_runs([exp.experiment_id], "tags.`jbench.kind` = 'sweep'")[0]
+            page.goto(f"{mlflow_server}/#/experiments/{exp.experiment_id}/runs/{sweep.info.run_id}"
+                      "/artifacts/summary.json")
+            expect(page.get_by_role("columnheader", name="model_quant")).to_be_visible()
+            for quant in QUANTS:
+                cells = page.get_by_role("row").filter(has_text=decode_run_ids[quant]).get_by_role("cell")
+                assert cells.all_text_contents().count(quant) == 2  # the run's name and its model_quant
+            page.screenshot(path=str(shots / "5-summary-table.png"), full_page=True)
             browser.close()
     finally:
         keep = REPO / "test-artifacts" / "mlflow_ui"
         shutil.rmtree(keep, ignore_errors=True)
         shutil.copytree(shots, keep)
     assert {p.name for p in shots.iterdir()} == {"1-runs.png", "2-children.png", "3-compare-parallel.png",
-                                                "4-compare-scatter.png"}
+                                                "4-compare-scatter.png", "5-summary-table.png"}

@@ -82,7 +82,7 @@ def test_a_quant_ladder_reads_as_mlflow_users_expect(tmp_path, llama_build, bund
     assert json.loads(parent.data.tags["mlflow.loggedArtifacts"]) == [{"path": "summary.json", "type": "table"}]
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "summary.json", str(tmp_path / "dl"))).read_text())
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
-    assert [(r["run"], r["model.quant"], r["status"]) for r in rows] == [("Q4_0", "Q4_0", "FINISHED"),
+    assert [(r["run"], r["model_quant"], r["status"]) for r in rows] == [("Q4_0", "Q4_0", "FINISHED"),
                                                                          ("Q8_0", "Q8_0", "FINISHED")]
     assert all(r["decode_tps"] > 0 and r["prefill_tps"] > 0 for r in rows)
     assert {r["run_id"] for r in rows} == {c.info.run_id for c in children}

@@ -6,6 +6,7 @@ console message. Screenshots are saved in the test's tmp dir and copied to $JBEN
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import os
@@ -104,26 +105,72 @@ def test_chromium_console_capture_is_not_vacuous(tmp_path):
 # a real sweep through the CLI
 
 
+def _file_bpw(path: str) -> float:
+    """The file's real bits per weight, read with gguf's own reader (not jbench's)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(path).tensors
+    return 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
+
+
+def _alt(html_text: str, stem: str) -> str:
+    return html.unescape(re.search(rf'<img alt="({stem}: [^"]*)"', html_text).group(1))
+
+
 @pytest.mark.e2e
 def test_report_from_a_real_sweep(tmp_path, llama_build, bundled_model):
     results = tmp_path / "results"
-    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", "backend.n_prompt=16",
-                      "backend.n_gen=4", "backend.repetitions=2"],
+    quants = ["Q4_0", "Q4_K_M", "Q8_0"]  # Q4_0 and Q4_K_M share their main type's 4.5 bits
+    res = jbench_cli(["sweep", "+experiment=quant_ladder", f"model.quant={','.join(quants)}", "backend.n_prompt=16",
+                      "backend.n_gen=4", "backend.repetitions=2", "device.lease_wait_s=600"],
                      env_extra={"JBENCH_RESULTS_DIR": str(results), "MLFLOW_TRACKING_URI": ""})
     assert res.returncode == 0, res.stdout + res.stderr
+    sweep_id = re.search(r"sweep (\d{8}-\d{6}-[0-9a-f]{6})", res.stdout).group(1)
     uri = f"sqlite:///{results}/mlflow.db"
 
     df = runs_frame(uri, ["quant_ladder"], kinds=("trial", "sweep"))
     assert list(df.columns[:5]) == ["run_id", "experiment", "status", "start_time", "end_time"]
     trials = df[df["tags.jbench.kind"] == "trial"]
-    assert len(df) == 3 and len(trials) == 2
-    assert set(trials["params.model.quant"]) == {"Q4_0", "Q8_0"}
+    assert len(df) == 4 and len(trials) == 3
+    assert set(trials["params.model.quant"]) == set(quants)
     assert str(df["start_time"].dtype).startswith("datetime64") and (df["end_time"] >= df["start_time"]).all()
     assert (trials["metrics.decode_tps"] > 0).all() and trials["tags.jbench.config_hash"].str.len().eq(16).all()
+    bpw = {q: _file_bpw(bundled_model[q]["path"]) for q in quants}
+    for q, recorded in zip(trials["params.model.quant"], trials["metrics.roofline_bits_per_weight"]):
+        assert recorded == pytest.approx(bpw[q], rel=1e-9)
     samples = {m: repetition_samples(uri, trials["run_id"], m) for m in ("decode_tps_rep", "prefill_tps_rep")}
     for run_id, row in trials.set_index("run_id").iterrows():
         reps = samples["decode_tps_rep"][run_id]
         assert len(reps) == 2 and np.mean(reps) == pytest.approx(row["metrics.decode_tps"])
+
+    # The sweep's summary table in MLflow: no dotted column name (the UI's table would read it as a path).
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    parent = df.loc[df["tags.jbench.kind"] == "sweep", "run_id"].item()
+    table = json.loads(Path(client.download_artifacts(parent, "summary.json", str(tmp_path / "dl"))).read_text())
+    assert not [c for c in table["columns"] if "." in c], table["columns"]
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert sorted(r["model_quant"] for r in rows) == sorted(quants)
+
+    # The report through the CLI, as a user makes it.
+    rep = jbench_cli(["report", "--sweep", sweep_id, "--out", str(tmp_path / "cli-report"), "--no-log"],
+                     env_extra={"JBENCH_RESULTS_DIR": str(results), "MLFLOW_TRACKING_URI": ""})
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    page = (tmp_path / "cli-report" / "report.html").read_text()
+    # The quants on an ordered categorical axis, each at its own position, by the files' real bits per weight;
+    # the rate axis from zero.
+    alt = _alt(page, "quant_ladder")
+    ordered = sorted(quants, key=bpw.get)
+    ticks = ", ".join(f"{q} {bpw[q]:.2f} bpw" for q in ordered)
+    assert f"x quant, by the file's bits per weight: {ticks};" in alt, alt
+    top = float(re.search(r"y decode tok/s: 0 to ([\d.]+)", alt).group(1))
+    assert top >= trials["metrics.roofline_decode_tps"].max(), alt  # the ceilings are drawn too
+    # The runs table: what every run shares is said once, not a column of identical values.
+    runs_text = re.search(r'<h2 id="runs">Runs</h2>\s*<p>(.*?)</p>', page, re.S).group(1)
+    assert f"Same for every run: jbench.sweep_id {sweep_id}, device.name local, backend.depth 0" in runs_text
+    header = re.search(r'<h2 id="runs">.*?<thead>(.*?)</thead>', page, re.S).group(1)
+    assert "sweep_id" not in header and "device.name" not in header and "model.quant" in header
 
     files = build_report(df, samples, out_dir=tmp_path / "report", title="quant ladder (real sweep)")
     assert set(files.pngs) == {"quant_ladder"}
@@ -133,9 +180,9 @@ def test_report_from_a_real_sweep(tmp_path, llama_build, bundled_model):
     assert_self_contained(html_text, files.pngs)
     assert "not enough data for context scaling" in html_text and "not enough data for power modes" in html_text
     md = files.markdown_path.read_text()
-    assert "![quant_ladder](quant_ladder.png)" in md and "| Q4_0 |" in md and "| Q8_0 |" in md
+    assert "![quant_ladder](quant_ladder.png)" in md and all(f"| {q} |" in md for q in quants)
 
-    shot, console = render_in_chromium(files.html_path, tmp_path, "report_real_sweep")
+    shot, console = render_in_chromium(tmp_path / "cli-report" / "report.html", tmp_path, "report_real_sweep")
     assert console == [], "\n".join(console)
     width, height = assert_valid_png(shot)
     assert (width, height) == (1280, 2000)
@@ -271,6 +318,14 @@ def test_report_with_every_section(tmp_path):
     for stem in files.pngs:
         assert f"]({stem}.png)" in md
     assert "kv_q8" in md and "| Q8_0 |" in md
+
+    # No file bits per weight in this store: the quants by their main type's figure, Q4_0 and Q4_K_M apart.
+    assert "x quant, by bits per weight of its main ggml type (~): Q4_0 ~4.5 bpw, Q4_K_M ~4.5 bpw, Q8_0 ~8.5 bpw;" \
+        in _alt(html_text, "quant_ladder")
+    for stem, rate in (("quant_ladder", "decode tok/s"), ("context_scaling", "decode tok/s"),
+                       ("context_scaling", "prefill tok/s"), ("power_modes", "decode tok/s"),
+                       ("power_modes", "decode tokens per joule")):
+        assert re.search(rf"y {rate}: 0 to \d", _alt(html_text, stem)), (stem, rate, _alt(html_text, stem))
 
     shot, console = render_in_chromium(files.html_path, tmp_path, "report_every_section")
     assert console == [], "\n".join(console)

@@ -160,6 +160,16 @@ def weight_bytes_per_token(model: GGUFModel) -> WeightBytes:
     )
 
 
+def file_bits_per_weight(model: GGUFModel) -> float:
+    """8 x bytes / elements over every tensor of the file: its real bits per weight. A llama.cpp file type names
+    only its dominant ggml type (Q4_0 and Q4_K_M both 4.5); the other tensors (embeddings, output, norms) keep their
+    own types, so two files of one model differ here where their names' figure does not."""
+    n_elements = sum(t.n_elements for t in model.tensors)
+    if n_elements <= 0:
+        raise RooflineError(f"{model.path}: no tensors, no bits per weight")
+    return 8.0 * sum(t.n_bytes for t in model.tensors) / n_elements
+
+
 def matmul_params(model: GGUFModel) -> int:
     """Weights multiplied per decoded token: every matrix but the embedding table, which joins in
     only as a tied LM head (a gathered row costs no FLOPs)."""
@@ -545,6 +555,7 @@ def memory_fit(
 
 __all__ = [
     "ABOVE_CEILING_FRACTION",
+    "file_bits_per_weight",
     "FitResult",
     "GGUFModel",
     "KVBytes",

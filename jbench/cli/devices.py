@@ -9,10 +9,10 @@ from rich.table import Table
 
 from jbench.cli.app import common_options, _config_dir_option, _fail, console, main
 from jbench.core.exitcodes import ExitCode
-from jbench.core.schema import DeviceConfig, ProfileConfig, typed
+from jbench.core.schema import DeviceConfig, ModelConfig, ProfileConfig, typed
 from jbench.core.trial import backend_config
 from jbench.device.connection import DeviceError
-from jbench.device.doctor import Check, check_device, doctor as run_doctor, worst
+from jbench.device.doctor import Check, build_check, check_device, doctor as run_doctor, model_check, worst
 from jbench.device.lease import DeviceLease
 from jbench.device.power import PowerStrategy
 from jbench.device.bandwidth import CPU, GPU, NOISY_SPREAD, CalibrationError, calibrate as measure, save_calibration
@@ -33,6 +33,19 @@ def _device_config(name: str, config_dirs) -> tuple[DeviceConfig, Optional[Profi
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     return device, profile, backend
+
+
+def _default_model(config_dirs) -> ModelConfig:
+    """The model a plain `jbench run` would benchmark (conf/config.yaml's choice, or the user's)."""
+    from omegaconf import OmegaConf
+
+    from jbench.config import ConfigError, compose, user_config_dirs
+
+    try:
+        cfg, _ = compose([], user_config_dirs(list(config_dirs)))
+        return typed(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), where="model")
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _checks_table(title: str, checks) -> Table:
@@ -141,15 +154,21 @@ def devices_restore(name, allow_reboot, wait_s, config_dirs) -> None:
 @click.argument("device_name", metavar="DEVICE")
 @_config_dir_option
 def doctor(device_name: str, config_dirs) -> None:
-    """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap."""
+    """Audit DEVICE before LLM work: versions, memory, clocks, power mode, disk, temperatures, GUI, swap; for this
+    machine (a local device) also what a sweep needs here: the llama.cpp build, the model's files, the CPU governor."""
+    from jbench.backends.llamacpp.backend import LlamaCppConfig
     from jbench.device.connect import connect
 
-    device, profile, _ = _device_config(device_name, config_dirs)
+    device, profile, backend = _device_config(device_name, config_dirs)
     try:
         with connect(device) as conn:
             checks = run_doctor(conn, device, profile)
     except DeviceError as exc:
         raise _fail(str(exc)) from None
+    if device.kind == "local":  # what a sweep here needs: the backend's build (llama.cpp's), the model's files
+        if isinstance(backend, LlamaCppConfig):
+            checks.append(build_check(backend.binary_dir))
+        checks.append(model_check(_default_model(config_dirs)))
     console.print(_checks_table(f"doctor: {device_name}" + (f" ({profile.module})" if profile else ""), checks))
     if worst(checks) == "fail":
         raise click.exceptions.Exit(ExitCode.FAILED)

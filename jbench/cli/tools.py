@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import click
 from rich.table import Table
@@ -16,48 +17,78 @@ from jbench.device.telemetry.tegrastats import read_log, sample_to_dict
 @main.command()
 @common_options(results_dir=False)
 @click.option("--model", "model_name", required=True, help="Model config name (e.g. gemma3_270m) or a GGUF path.")
-@click.option("--device", "device_name", default=None, help="Device entry whose profile gives the bandwidth.")
+@click.option("--profile", "profile_name", default=None,
+              help="Jetson module profile (e.g. orin_nano_8gb; `conf/profile/`): its datasheet bandwidth and RAM, "
+                   "for a module you do not have.")
+@click.option("--device", "device_name", default=None,
+              help="Device entry: its calibration (`jbench calibrate`), else its profile's datasheet figure.")
 @click.option("--bandwidth-gbs", type=float, default=None, help="Memory bandwidth in GB/s (instead of a device).")
 @click.option("--quant", default=None)
-@click.option("--ctx", "depth", type=int, default=0, show_default=True, help="Context depth (tokens in the KV cache).")
+@click.option("--ctx", "depth", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Context depth (tokens in the KV cache).")
 @click.option("--kv", "kv_type", default="f16", show_default=True, help="KV cache type for K and V.")
 @click.option("--json", "as_json", is_flag=True)
 @_config_dir_option
-def roofline(model_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_json, config_dirs) -> None:
-    """Bytes per decoded token and the bandwidth ceiling on tok/s for a model on a device."""
+def roofline(model_name, profile_name, device_name, bandwidth_gbs, quant, depth, kv_type, as_json, config_dirs) -> None:
+    """Bytes per decoded token and the bandwidth ceiling on tok/s for a model on a module or device, and whether
+    the model and its KV cache fit the module's RAM."""
     import json
 
     from jbench.analysis.roofline import RooflineError
     from jbench.config import ConfigError, user_config_dirs
     from jbench.reporting.roofline import roofline_figures
 
+    if profile_name and device_name:
+        raise _fail(f"give --profile or --device, not both: device '{device_name}' takes its bandwidth from its "
+                    "calibration or its own profile")
     try:
         dirs = user_config_dirs(list(config_dirs))
-        path = _model_path(model_name, quant, dirs)
-        source = "--bandwidth-gbs"
-        if bandwidth_gbs is None and device_name:
-            bandwidth_gbs, source = _device_bandwidth(device_name, dirs)
+        path, label = _model_path(model_name, quant, dirs)
+        source, profile = "--bandwidth-gbs", None
+        if profile_name:
+            profile = _profile(profile_name, dirs)
+        elif device_name:
+            device_bw, device_source, profile = _device_bandwidth(device_name, dirs)
+            if bandwidth_gbs is None:
+                if device_bw is None:  # no calibration and no profile: the source says how to get one
+                    raise ValueError(device_source)
+                bandwidth_gbs, source = device_bw, device_source
+        if bandwidth_gbs is None and profile is not None:
+            bandwidth_gbs, source = profile.memory_bandwidth_gbs, f"datasheet ({profile.name}): an upper bound"
         fig = roofline_figures(path, quant=quant, depth=depth, kv_type=kv_type, bandwidth_gbs=bandwidth_gbs,
-                               bandwidth_source=source)
+                               bandwidth_source=source, model_label=label, profile=profile)
     except (RooflineError, ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
         click.echo(json.dumps(fig, indent=2))
         return
-    table = Table(title=f"roofline: {fig['model']} {fig.get('quant') or ''}", title_justify="left")
+    where = f" on {fig['module']}" if "module" in fig else ""
+    table = Table(title=f"roofline: {fig['model']} {fig.get('quant') or ''}{where}", title_justify="left")
     table.add_column("quantity")
     table.add_column("value", justify="right")
+    # Sentences go below the table: a table cell would cut them into a narrow column.
+    sentences = {"memory_fit"}
     for key, value in fig.items():
-        if isinstance(value, float):
+        if key in sentences:
+            continue
+        if isinstance(value, bool):
+            value = "yes" if value else "no"
+        elif isinstance(value, float):
             value = f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
         elif isinstance(value, int):
             value = f"{value:,}"
         table.add_row(key, str(value))
     console.print(table)
+    # In a terminal, wrapped at word boundaries (the terminal would cut words); in a pipe, each sentence whole.
+    wrap = {"markup": False, "highlight": False, "soft_wrap": not console.is_terminal}
+    if "memory_fit" in fig:
+        console.print(f"memory: {fig['memory_fit']}", **wrap)
+    if "decode_ceiling_tok_s" not in fig:
+        console.print("no ceiling: give --profile MODULE (e.g. orin_nano_8gb), --device NAME or --bandwidth-gbs", **wrap)
 
 
-def _model_path(model: str, quant, dirs) -> str:
-    """A GGUF path as given, or the file of a model config entry (and quant)."""
+def _model_path(model: str, quant, dirs) -> tuple[str, str]:
+    """A GGUF path as given, or the file of a model config entry (and quant); and the name to show for it."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -66,28 +97,39 @@ def _model_path(model: str, quant, dirs) -> str:
     from jbench.models.store import ModelError, resolve_model_file
 
     if model.endswith(".gguf") or Path(model).is_file():
-        return model
+        return model, Path(model).name
     cfg, _ = compose([f"model={model}"] + ([f"model.quant={quant}"] if quant else []), dirs)
     try:
         path, _ = resolve_model_file(OmegaConf.to_container(cfg.model, resolve=True))
     except ModelError as exc:
         raise ValueError(str(exc)) from None
-    return path
+    if not Path(path).expanduser().is_file():  # e.g. a path on the Jetson the entry is for
+        raise ValueError(f"model '{model}' {cfg.model.quant}: {path} is not on this machine; `jbench roofline` reads "
+                         "the file's tensor table here: copy the GGUF file here and give its path with --model")
+    return path, model
 
 
-def _device_bandwidth(device_name: str, dirs) -> tuple[float, str]:
-    """A device entry's read bandwidth (calibration, else its profile's datasheet figure) and its source."""
+def _profile(name: str, dirs) -> ProfileConfig:
+    from jbench.config import load_profile
+
+    return typed(ProfileConfig, load_profile(name, dirs), where="profile")
+
+
+def _device_bandwidth(device_name: str, dirs) -> tuple[Optional[float], str, Optional[ProfileConfig]]:
+    """A device entry's read bandwidth (calibration, else its profile's datasheet figure; None: neither), its
+    source, and the device's profile."""
     from omegaconf import OmegaConf
 
-    from jbench.config import compose, load_profile
+    from jbench.config import ConfigError, available_choices, compose
 
+    if device_name not in available_choices("device", dirs) and device_name in available_choices("profile", dirs):
+        # A module name given where a device entry is expected: the profile answers without a device.
+        raise ConfigError(f"'{device_name}' is a module profile, not a device entry: use --profile {device_name}")
     cfg, _ = compose([f"device={device_name}"], dirs)
     device = typed(DeviceConfig, OmegaConf.to_container(cfg.device, resolve=True), where="device")
-    profile = typed(ProfileConfig, load_profile(device.profile, dirs), where="profile") if device.profile else None
+    profile = _profile(device.profile, dirs) if device.profile else None
     bw = device_bandwidth(device, profile)
-    if bw.gbs is None:
-        raise ValueError(bw.source)
-    return bw.gbs, bw.source
+    return bw.gbs, bw.source, profile
 
 
 @main.group()

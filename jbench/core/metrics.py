@@ -57,6 +57,7 @@ UNITS: dict[str, str] = {
     "ms": "milliseconds",
     "s": "seconds",
     "B/tok": "bytes per token",
+    "bit/weight": "bits per model weight (parameter)",
     "GB/s": "10^9 bytes per second",
     "MHz": "megahertz",
     "°C": "degrees Celsius",
@@ -270,6 +271,9 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     # --- roofline: jbench.runner.analyses.trial_roofline
     _d("roofline_weight_bytes_per_token", "B/tok", "sum over the GGUF tensor table of every tensor read per decoded "
        "token (the token-embedding table is one gathered row, read in full when the LM head is tied to it)", ROOFLINE,
+       "roofline"),
+    _d("roofline_bits_per_weight", "bit/weight", "8 × bytes / elements over every tensor of the GGUF file: its real "
+       "bits per weight (Q4_0 and Q4_K_M name the same 4.5-bit main type; their other tensors differ)", ROOFLINE,
        "roofline"),
     _d("roofline_kv_bytes_per_token", "B/tok", "2 (K, V) × layers × KV heads × head dim × bytes per element of the "
        "KV types, per token of context", ROOFLINE, "roofline"),

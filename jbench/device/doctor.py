@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from jbench.core.schema import DeviceConfig, ProfileConfig
+from jbench.core.schema import DeviceConfig, ModelConfig, ProfileConfig
 from jbench.device.connection import Connection, DeviceError
 from jbench.device.fingerprint import parse_sections
 from jbench.device.jetson import (JetsonError, jetson_fingerprint, parse_clocks_show, parse_nvpmodel_conf,
@@ -63,6 +63,7 @@ echo '@@gui'; for p in Xorg Xwayland gnome-shell gdm3 lightdm; do pgrep -x "$p" 
 echo '@@gpufreq'; for f in cur_freq min_freq max_freq; do printf '%s=' "$f"; cat "$1/$f" 2>/dev/null || echo; done
 echo '@@nvpmodel'; nvpmodel -q 2>&1
 echo '@@modes'; cat "$2" 2>/dev/null
+echo '@@governor'; cat /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor 2>/dev/null
 """
 
 
@@ -115,7 +116,72 @@ def doctor(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConf
                         "the desktop takes ~500 MB of shared memory: sudo systemctl set-default multi-user.target && sudo reboot" if gui else ""))
     if profile:
         checks += _power(conn, s)
+    else:  # a Jetson's clocks are nvpmodel's and jetson_clocks' (checked above); elsewhere the governor sets them
+        checks.append(governor_check(s.get("governor", "")))
     return checks
+
+
+GOVERNOR_FIX = ("sudo cpupower frequency-set -g performance (or write performance to "
+                "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor)")
+
+
+def governor_check(text: str) -> Check:
+    """The CPU frequency governors (one line per CPU, as sysfs gives them): `performance` holds the clock, any other
+    ramps it with the load, so a short benchmark measures part of the ramp."""
+    governors = [line.strip() for line in text.splitlines() if line.strip()]
+    if not governors:
+        return Check("CPU governor", "info", "none exposed (a virtual machine or a fixed clock): the host or "
+                                             "firmware sets the CPU clock")
+    counts = {g: governors.count(g) for g in dict.fromkeys(governors)}
+    detail = ", ".join(f"{g} on {n} CPU(s)" for g, n in counts.items())
+    if set(counts) == {"performance"}:
+        return Check("CPU governor", "pass", detail)
+    return Check("CPU governor", "warn", f"{detail}: the clock follows the load, so runs vary", GOVERNOR_FIX)
+
+
+def build_check(binary_dir: Optional[str]) -> Check:
+    """The llama.cpp build a trial on this machine runs: `backend.binary_dir`, else the one `jbench setup` made."""
+    import os
+
+    from jbench.models.provision import active_build
+
+    if binary_dir:
+        bench = os.path.join(binary_dir, "llama-bench")
+        if os.path.isfile(bench):
+            return Check("llama.cpp build", "pass", f"{bench} (backend.binary_dir)")
+        return Check("llama.cpp build", "fail", f"{bench} not found (backend.binary_dir)", "fix backend.binary_dir")
+    build = active_build()
+    if build is None:
+        return Check("llama.cpp build", "fail", "no build of `jbench setup` found",
+                     "run `jbench setup` (or set backend.binary_dir to your own build)")
+    return Check("llama.cpp build", "pass",
+                 f"llama.cpp {build.get('build_commit', '?')} ({build.get('flavor', '?')}) in {build['bin_dir']}")
+
+
+def model_check(model: ModelConfig) -> Check:
+    """The model's files on this machine: a bundled model's whole quant ladder (`jbench setup` makes it), else the
+    file of the configured quant."""
+    import os
+
+    from jbench.models.store import ModelError, resolve_model_file
+
+    quants = list(dict.fromkeys([model.quant, *([model.source_quant] if model.source_quant else []), *model.ladder]))
+    if model.source != "bundled":
+        quants = [model.quant]  # the user's own files: the configured quant is what a plain run needs
+    found, missing = [], []
+    for quant in quants:
+        try:
+            path, _ = resolve_model_file(replace(model, quant=quant))
+        except ModelError:
+            missing.append(quant)
+            continue
+        (found if os.path.isfile(os.path.expanduser(path)) else missing).append(quant)
+    what = "quant ladder" if model.source == "bundled" else "model file"
+    if missing:
+        fix = "run `jbench setup`" if model.source == "bundled" else "fix model.files / model.path_template"
+        return Check(f"model {what}", "fail", f"{model.name}: {', '.join(missing)} missing"
+                     + (f" ({', '.join(found)} installed)" if found else ""), fix)
+    return Check(f"model {what}", "pass", f"{model.name}: {', '.join(found)}")
 
 
 def _versions(fp: dict, profile: ProfileConfig) -> list[Check]:
@@ -179,4 +245,4 @@ def worst(checks: list[Check]) -> str:
     return max((c.status for c in checks), key=lambda s: order[s], default="pass")
 
 
-__all__ = ["Check", "check_device", "doctor", "worst", "DeviceError"]
+__all__ = ["Check", "check_device", "doctor", "build_check", "governor_check", "model_check", "worst", "DeviceError"]

@@ -9,11 +9,13 @@ may be included) and writes into out_dir:
 
 Sections, each drawn only when its data exists (otherwise the page says "not enough data for ..."
 and why), each followed by the table of the numbers behind it:
-  * runs: one row per trial (label, device, quant, depth, KV type, power mode, rates, status);
-  * quant ladder: decode tok/s (and tokens per joule when recorded) against bits per weight, one
-    line per configuration that differs in something other than the quant; bits per weight =
-    8 x bytes_per_weight(dominant_ggml_type(quant)) from gguf's GGML_QUANT_SIZES (Q4_K_M -> Q4_K
-    -> 4.5); with the roofline ceiling (metric roofline_decode_tps) dashed when recorded;
+  * runs: one row per trial (label, device, quant, depth, KV type, power mode, rates, status); a setting every run
+    shares is named once above the table instead of filling a column;
+  * quant ladder: decode tok/s (and tokens per joule when recorded) per quant, one line per configuration that
+    differs in something other than the quant, on an ordered categorical axis: by the files' real bits per weight
+    (metric roofline_bits_per_weight) when every quant has it, else by 8 x bytes_per_weight(dominant_ggml_type(quant))
+    from gguf's GGML_QUANT_SIZES (Q4_K_M -> Q4_K -> 4.5, the same as Q4_0: positions keep them apart); with the
+    roofline ceiling (metric roofline_decode_tps) dashed when recorded;
   * context scaling: decode (and prefill) tok/s against params.backend.depth, one line per KV type
     (params.backend.cache_type_k) and other differing settings, roofline curve dashed when recorded;
   * power modes: decode tok/s against metrics.decode_avg_power_w per configuration, the Pareto
@@ -23,7 +25,8 @@ and why), each followed by the table of the numbers behind it:
     GPU clock and temperature against seconds since the run's first sample, phases shaded;
   * findings: every tag `finding.<name>` of the runs.
 Error bars are the standard deviation of the pooled repetition samples when `samples` are given,
-else the root mean square of the runs' `<rate>_std`.
+else the root mean square of the runs' `<rate>_std`. Every rate axis (tok/s, tokens per joule) starts at zero, and
+each image's alt text says what its axes show (ticks, ranges), read back from the drawn figure.
 A value is shown only where it was recorded: nothing missing is drawn as 0.
 
 `export_frame(df, path)`: Parquet (.parquet/.pq, needs pyarrow) or CSV (.csv, .csv.gz, ...).
@@ -58,6 +61,7 @@ DECODE, PREFILL = "metrics.decode_tps", "metrics.prefill_tps"
 POWER_W = "metrics.decode_avg_power_w"
 ROOFLINE = "metrics.roofline_decode_tps"
 ROOFLINE_FRACTION = "metrics.roofline_fraction"
+FILE_BPW = "metrics.roofline_bits_per_weight"
 # Recorded only where decode beat its ceiling (roofline_fraction is then left out), with the finding.
 CEILING_FINDING = "tags.finding.ceiling_below_measured"
 ABOVE_CEILING_RATIO = "metrics.roofline_measured_over_ceiling"
@@ -86,6 +90,7 @@ class _Section:
     figures: list[tuple[str, bytes]] = field(default_factory=list)  # (file stem, PNG bytes)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     missing: str = ""  # "not enough data for ...": why nothing is drawn
+    alts: dict[str, str] = field(default_factory=dict)  # file stem -> what the figure's axes show (the img alt text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,16 +248,49 @@ def _ceiling_note(n_above: int) -> str:
             if n_above else "")
 
 
-def _bpw_ticks(ax, table: pd.DataFrame) -> None:
-    """x ticks at each bits-per-weight value, labelled with the quants there."""
-    names: dict[float, list[str]] = {}
-    for b, q in zip(table["bits_per_weight"], table["_quant"]):
-        names.setdefault(float(b), [])
-        if q not in names[float(b)]:
-            names[float(b)].append(q)
-    ticks = sorted(names)
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{b:g}\n" + "\n".join(names[b]) for b in ticks], fontsize=7)
+def _quant_order(agg: pd.DataFrame) -> tuple[dict[str, int], dict[str, str], str]:
+    """An ordered categorical x axis for the quants: position, tick label and axis label. Ordered by the files' real
+    bits per weight when every quant has it recorded (roofline_bits_per_weight), else by the dominant ggml type's
+    figure; the name breaks ties. Positions, not bits, on the axis: Q4_0 and Q4_K_M share their dominant type's 4.5
+    bits and would stack, and real figures can lie a fraction of a bit apart."""
+    nominal = agg.groupby("_quant", sort=False)["bits_per_weight"].first()
+    real = agg.groupby("_quant", sort=False)["file_bits_per_weight"].mean() if "file_bits_per_weight" in agg else None
+    use_real = real is not None and real.notna().all()
+    key = (lambda q: (real[q], nominal[q], q)) if use_real else (lambda q: (nominal[q], q))
+    quants = sorted(nominal.index, key=key)
+    labels = {q: f"{q}\n{real[q]:.2f} bpw" if use_real else f"{q}\n~{nominal[q]:.3g} bpw" for q in quants}
+    axis = ("quant, by the file's bits per weight" if use_real
+            else "quant, by bits per weight of its main ggml type (~)")
+    return {q: i for i, q in enumerate(quants)}, labels, axis
+
+
+def _quant_ticks(ax, position: dict[str, int], labels: dict[str, str], axis: str) -> None:
+    ax.set_xticks(list(position.values()))
+    ax.set_xticklabels([labels[q] for q in position], fontsize=7)
+    ax.set_xlim(-0.5, len(position) - 0.5)
+    ax.set_xlabel(axis)
+
+
+def _rates_from_zero(*axes) -> None:
+    """A rate axis starts at zero: cut above it, a 25 % change looks like a collapse."""
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+
+
+def _describe(fig) -> str:
+    """What each plot of a drawn figure shows: title, x ticks (or range) and y range, read back from its axes (the
+    image's alt text, so a reader, or a test, sees what the picture says)."""
+    parts = []
+    for ax in fig.axes:
+        if not ax.get_title() and not ax.get_ylabel():
+            continue
+        ticks = [t.get_text().replace("\n", " ") for t in ax.get_xticklabels() if t.get_text()]
+        x0, x1 = ax.get_xlim()
+        categorical = bool(ticks) and all(not re.fullmatch(r"[\d.,−-]+", t) for t in ticks)  # names, not numbers
+        x = f"x {ax.get_xlabel()}: " + (", ".join(ticks) if categorical else f"{x0:.4g} to {x1:.4g}")
+        y0, y1 = ax.get_ylim()
+        parts.append(f"{ax.get_title()}: {x}; y {ax.get_ylabel()}: {y0:.4g} to {y1:.4g}")
+    return ". ".join(parts)
 
 
 def _rate_error(rows: pd.DataFrame, rate: str, samples: dict) -> float:
@@ -310,11 +348,23 @@ def _overview(df: pd.DataFrame, trials: pd.DataFrame) -> _Section:
             ROOFLINE, ROOFLINE_FRACTION, ABOVE_CEILING_RATIO, "tags.roofline.regime", "status",
             "tags.jbench.failure_reason"]
     cols = [c for c in cols if c and c in trials.columns and trials[c].notna().any()]
-    if CEILING_FINDING in trials.columns and trials[CEILING_FINDING].notna().any():
+    above = CEILING_FINDING in trials.columns and trials[CEILING_FINDING].notna().any()
+    if not above:  # no run beat its ceiling: the ratio is roofline_fraction again, column for column
+        cols = [c for c in cols if c != ABOVE_CEILING_RATIO]
+    if above:
         sec.text += (f". {int(trials[CEILING_FINDING].notna().sum())} run(s) decoded faster than their roofline "
                      f"ceiling (finding ceiling_below_measured: calibration wrong or cache-resident model; their "
                      f"roofline_fraction is left out, the ratio is roofline_measured_over_ceiling)")
     table = trials[cols].copy()
+    # A setting every run shares is said once above the table, not repeated in a column of it; the trial's label and
+    # the measured values stay columns.
+    keep = {"tags.jbench.trial_label"}
+    same = [c for c in cols if len(table) > 1 and c not in keep and not c.startswith("metrics.")
+            and table[c].notna().all() and table[c].astype(str).nunique() == 1]
+    if same:
+        sec.text += ". Same for every run: " + ", ".join(
+            f"{_rename_for_table(table[[c]]).columns[0]} {table[c].iloc[0]}" for c in same)
+        table = table.drop(columns=same)
     if len(table) > 500:
         sec.text += f". The table lists the newest 500 of {len(table)} runs"
         table = table.tail(500)
@@ -339,12 +389,14 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
     keys = _varying(rows, exclude=(QUANT_P,))
     tpj = _tpj_column(rows)
     agg = _aggregate(rows, keys + ["_quant"], samples,
-                     {"tokens_per_joule": tpj or "", "roofline_decode_tps": ROOFLINE})
+                     {"tokens_per_joule": tpj or "", "roofline_decode_tps": ROOFLINE, "file_bits_per_weight": FILE_BPW})
     if agg.empty:
         sec.missing = "not enough data for the quant ladder: no finished run with a known quant"
         return sec
     agg["bits_per_weight"] = agg["_quant"].map(bpw)
-    series = [(k, g.sort_values("bits_per_weight")) for k, g in agg.groupby(keys, sort=False)] if keys else [((), agg.sort_values("bits_per_weight"))]
+    position, tick_labels, x_label = _quant_order(agg)
+    agg["_x"] = agg["_quant"].map(position)
+    series = [(k, g.sort_values("_x")) for k, g in agg.groupby(keys, sort=False)] if keys else [((), agg.sort_values("_x"))]
     series = [(k if isinstance(k, tuple) else (k,), g) for k, g in series if g["_quant"].nunique() >= 2]
     if not series:
         sec.missing = ("not enough data for the quant ladder: it needs finished runs at two or more quants of "
@@ -357,29 +409,30 @@ def _quant_ladder(rows: pd.DataFrame, samples: dict) -> _Section:
     any_roof, n_above = False, 0
     for i, (key, g) in enumerate(series):
         color = f"C{i % 10}"
-        ax.errorbar(g["bits_per_weight"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o",
+        ax.errorbar(g["_x"], g["decode_tps"], yerr=g["decode_tps_err"].fillna(0), marker="o",
                     color=color, capsize=3, label=_series_label(keys, key))
         roof = g.dropna(subset=["roofline_decode_tps"])
         if len(roof):
             any_roof = True
-            ax.plot(roof["bits_per_weight"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
-            n_above += _mark_above_ceiling(ax, g["bits_per_weight"], g["decode_tps"], g["roofline_decode_tps"])
+            ax.plot(roof["_x"], roof["roofline_decode_tps"], linestyle="--", color=color, alpha=0.7)
+            n_above += _mark_above_ceiling(ax, g["_x"], g["decode_tps"], g["roofline_decode_tps"])
         if has_tpj:
             t = g.dropna(subset=["tokens_per_joule"])
             if len(t):
-                axes[1].plot(t["bits_per_weight"], t["tokens_per_joule"], marker="s", color=color)
+                axes[1].plot(t["_x"], t["tokens_per_joule"], marker="s", color=color)
     ax.set_ylabel("decode tok/s")
-    ax.set_title("decode speed vs bits per weight")
+    ax.set_title("decode speed per quant")
     if has_tpj:
         axes[1].set_ylabel("decode tokens per joule")
-        axes[1].set_title("energy efficiency vs bits per weight")
+        axes[1].set_title("energy efficiency per quant")
     for a in axes:
-        a.set_xlabel("bits per weight (dominant ggml type)")
         a.grid(alpha=0.3)
-        _bpw_ticks(a, agg)
+        _quant_ticks(a, position, tick_labels, x_label)
+    _rates_from_zero(*axes)
     _legend(fig, axes, ([_roofline_proxy()] if any_roof else []) + ([_above_ceiling_proxy()] if n_above else []))
     sec.figures.append(("quant_ladder", _png(fig)))
-    table = agg.rename(columns={"_quant": "quant"}).sort_values(keys + ["bits_per_weight"])
+    sec.alts["quant_ladder"] = _describe(fig)
+    table = agg.rename(columns={"_quant": "quant"}).sort_values(keys + ["_x"]).drop(columns="_x")
     table = table.dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per quant; err = standard deviation of repetitions", _rename_for_table(table)))
     if unknown:
@@ -428,8 +481,10 @@ def _context_scaling(rows: pd.DataFrame, samples: dict) -> _Section:
         ax.set_ylabel(f"{what} tok/s")
         ax.set_title(f"{what} speed vs context depth")
         ax.grid(alpha=0.3)
+    _rates_from_zero(*axes)
     _legend(fig, axes, ([_roofline_proxy()] if any_roof else []) + ([_above_ceiling_proxy()] if n_above else []))
     sec.figures.append(("context_scaling", _png(fig)))
+    sec.alts["context_scaling"] = _describe(fig)
     sec.text = (sec.text + _ceiling_note(n_above)).strip()
     table = agg.rename(columns={"_kv": "kv_type", "_depth": "depth"}).dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per depth and KV type", _rename_for_table(table)))
@@ -476,8 +531,10 @@ def _power_modes(rows: pd.DataFrame, samples: dict) -> _Section:
         axes[1].set_ylabel("decode tokens per joule")
         axes[1].set_title("tokens per joule per power mode")
         axes[1].grid(alpha=0.3, axis="y")
+    _rates_from_zero(*axes)
     _legend(fig, axes[:1])
     sec.figures.append(("power_modes", _png(fig)))
+    sec.alts["power_modes"] = _describe(fig)
     table = agg.rename(columns={"_mode": "power_mode"}).drop(columns=key).dropna(axis=1, how="all")
     sec.tables.append(("mean over runs per configuration; pareto = on the speed/power frontier", _rename_for_table(table)))
     if has_tpj:
@@ -608,7 +665,8 @@ def _render_html(title: str, sections: list[_Section], pngs: dict[str, bytes]) -
             parts.append(f"<p>{html.escape(s.text)}</p>")
         for stem, _ in s.figures:
             data = base64.b64encode(pngs[stem]).decode("ascii")
-            parts.append(f'<p><img alt="{html.escape(stem)}" src="data:image/png;base64,{data}"></p>')
+            alt = html.escape(f"{stem}: {s.alts[stem]}" if s.alts.get(stem) else stem)
+            parts.append(f'<p><img alt="{alt}" src="data:image/png;base64,{data}"></p>')
         for caption, table in s.tables:
             parts.append(f'<p><em>{html.escape(caption)}</em></p><div class="tablewrap">{_html_table(table)}</div>')
     parts.append("</body></html>")

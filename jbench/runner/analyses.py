@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from jbench.analysis.roofline import (LABEL_ABOVE_CEILING, RooflineError, decode_ceiling, kv_bytes_at_depth,
-                                      kv_bytes_per_token, regime_label, weight_bytes_per_token)
+from jbench.analysis.roofline import (LABEL_ABOVE_CEILING, RooflineError, decode_ceiling, file_bits_per_weight,
+                                      kv_bytes_at_depth, kv_bytes_per_token, regime_label, weight_bytes_per_token)
 from jbench.analysis.stats import describe, rate_interval
 from jbench.core import metrics
 from jbench.core.results import BackendResult, Finding, Result
@@ -91,7 +91,8 @@ def trial_roofline(cfg: TrialConfig, decode_tps: Optional[float],
     kv = kv_bytes_at_depth(model.arch, depth, type_k, type_v)
     total = weights + kv.swa_aware
     out = Result(metrics={"roofline_weight_bytes_per_token": weights, "roofline_kv_bytes_per_token": kv_tok,
-                          "roofline_bytes_per_token": total}, tags=bw.tags())
+                          "roofline_bytes_per_token": total, "roofline_bits_per_weight": file_bits_per_weight(model)},
+                 tags=bw.tags())
     if bw.gbs is None:
         out.tags["roofline.status"] = bw.source
         return out

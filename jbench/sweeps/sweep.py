@@ -118,6 +118,12 @@ def sweep_note(plan: Plan, trials: list[Trial], description: str, sweep_id: str)
     return "\n".join(lines)
 
 
+def summary_column(dimension: str) -> str:
+    """A sweep dimension's column in the summary table: `model.quant` -> `model_quant`. MLflow's table view reads a
+    dotted column name as a path into each row (row.model.quant), so the column would show empty."""
+    return dimension.replace(".", "_")
+
+
 def summary_rows(outcomes: list[TrialOutcome], dims: dict, earlier: Callable[[str], dict]) -> list[dict]:
     """One row per run: run name, the varying dimensions, status, prefill/decode tok/s, tokens per joule. A trial
     skipped as already FINISHED shows that run's figures (`earlier(run_id)`: its metrics, read from the store)."""
@@ -132,7 +138,7 @@ def summary_rows(outcomes: list[TrialOutcome], dims: dict, earlier: Callable[[st
             row["device"] = o.device
         if o.attempt > 1:
             row["attempt"] = o.attempt
-        row.update({k: str(o.trial.point.get(k, "")) for k in dims})
+        row.update({summary_column(k): str(o.trial.point.get(k, "")) for k in dims})
         row["status"] = "FINISHED (earlier)" if resumed else str(o.status)
         for col in ("prefill_tps", "decode_tps", "decode_tokens_per_joule"):
             v = metrics.get(col)
