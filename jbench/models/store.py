@@ -15,6 +15,7 @@ from typing import Optional
 
 from jbench.core import paths
 from jbench.core.schema import ModelConfig, ModelSection, typed
+from jbench.models.gguf import GGUFMetaError, data_end
 
 
 class ModelError(Exception):
@@ -119,8 +120,6 @@ def name_from_file(path: str) -> Optional[tuple[str, str]]:
     import re
 
     from jbench.models.facts import model_facts
-    from jbench.models.gguf import GGUFMetaError
-
     try:
         facts = model_facts(path)
     except (OSError, GGUFMetaError):
@@ -166,8 +165,6 @@ def local_file_problem(section: ModelSection, *, gguf: bool = False) -> Optional
 def gguf_file_problem(path: str) -> Optional[str]:
     """Why the local file at path cannot be the GGUF model a backend loads (a phrase: "is a directory", "is empty",
     "is not a GGUF file", "is truncated: ..."), or None. Reads the header only (cached by path, size and mtime)."""
-    from jbench.models.gguf import GGUFMetaError, data_end
-
     if os.path.isdir(path):
         return "is a directory, not a GGUF file"
     try:
