@@ -149,7 +149,7 @@ def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str
         rows = [o for o in outcome.outcomes if scenario(o.trial) == kind]
         if n == 0:
             title = (f"{outcome.experiment}: sweep {outcome.sweep_id}" if outcome.parent_run_id is not None
-                     else f"{outcome.experiment}: nothing to run, every trial FINISHED earlier")
+                     else f"{outcome.experiment}: nothing run, every trial already FINISHED")
         else:
             title = "latency scenario (llama-server)" if kind == LATENCY else kind
         out.append(_table(title, kind, rows, keys, label, console))
