@@ -252,6 +252,19 @@ def test_latency_scenario_summary_shows_ttft_itl_and_e2e(tmp_path, llama_build, 
     assert "ttft_ms_p50" in md.splitlines()[0] and "e2e_ms_p50" in md.splitlines()[0], md
 
 
+def test_a_sweep_of_both_scenarios_prints_a_table_for_each(tmp_path, llama_build, bundled_model):
+    rc, out, err = _piped(["sweep", "backend.scenario=bench,latency", "model.quant=Q4_0", "backend.threads=1",
+                           "backend.latency_requests=4", "backend.latency_warmup_requests=1", *TINY],
+                          tmp_path / "results")
+    assert rc == 0, out + err
+    bench, latency = out.split("latency scenario (llama-server)")
+    (row,) = _rows(bench).values()
+    assert len(re.findall(r"\d+\.\d+ ± \d+\.\d+", row[0])) == 2 and "over 2 repetitions" in bench, out
+    (row,) = _rows(latency).values()
+    assert len(re.findall(r"\d+\.\d+", row[0])) == 3 and "median over 4 requests" in latency, out
+    assert "TTFT ms" in latency and "TTFT" not in bench and "tok/s" not in latency
+
+
 def _check_80_columns(text: str, n_rows: int) -> dict[str, list[str]]:
     """Every table line fits 80 columns and every trial is one line."""
     table = _table_lines(text)
