@@ -191,7 +191,8 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     assert sorted(r.data.params["backend.n_gen"] for r in trials) == ["2", "3", "4"]  # only the new cell ran
     assert again.stdout.count("FINISHED earlier (run ") == 2
     plan_only = jbench_cli(["sweep", "backend.n_gen=2,3,4,5", "--dry-run", *small], env_extra=env)
-    assert "3 already FINISHED" in plan_only.stdout and "none of the 1 trial(s) to run has an earlier run" in plan_only.stdout
+    assert "3 already FINISHED" in plan_only.stdout, plan_only.stdout
+    assert "none of the 1 trial(s) to run has an earlier run" in plan_only.stdout, plan_only.stdout
     rerun = jbench_cli(["sweep", "backend.n_gen=2", "sweep.rerun=true", *small], env_extra=env)
     assert rerun.returncode == 0, rerun.stderr
     # The trial really ran again (a skipped one's note says "already FINISHED" too): a second FINISHED run of it.

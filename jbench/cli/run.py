@@ -212,8 +212,8 @@ def _estimate_line(ests) -> str:
     if not run:
         line = "estimated duration: nothing to run"
     elif not unknown:
-        line = f"estimated duration: {minutes} for the {len(run)} trial(s) to run (from earlier runs of the same " \
-               "configuration)"
+        line = (f"estimated duration: {minutes} for the {len(run)} trial(s) to run (from earlier runs of the same "
+                "configuration)")
     elif not known:
         line = (f"estimated duration: unknown: none of the {len(run)} trial(s) to run has an earlier run of the "
                 "same configuration to time it by")

@@ -102,7 +102,8 @@ def _figures(kind: str, trials: list) -> tuple[list[_Figure], str]:
         return [_Figure("TTFT ms\np50", lambda m: fmt(m.get("ttft_ms_p50"))),
                 _Figure("ITL ms\np50", lambda m: fmt(m.get("itl_ms_p50"))),
                 _Figure("e2e ms\np50", lambda m: fmt(m.get("e2e_ms_p50")))], caption
-    pp, tg, reps = _shared(trials, _size("n_prompt")), _shared(trials, _size("n_gen")), _shared(trials, _size("repetitions"))
+    pp, tg = _shared(trials, _size("n_prompt")), _shared(trials, _size("n_gen"))
+    reps = _shared(trials, _size("repetitions"))
     caption = "mean ± sd: mean and standard deviation over " + (f"{reps} repetitions" if reps else "the repetitions")
     if pp is None or tg is None:
         caption += "; pp/tg sizes: backend.n_prompt / backend.n_gen of each trial"
