@@ -132,6 +132,8 @@ def test_resumed_trials_show_their_earlier_numbers_marked(store):
     assert float(earlier["wall_s"]) == pytest.approx(first["wall_s"], rel=0.01)
     assert new["status"] == "FINISHED" and float(new["decode_tps"]) > 0 and new["run_id"] != first["run_id"]
     assert "trial 1/2 Q4_0: FINISHED earlier (run " + first["run_id"][:8] in store["resumed_err"]
+    assert "trial 1/2 Q4_0: running" not in store["resumed_err"]  # it did not run
+    assert "trial 2/2 Q8_0: running" in store["resumed_err"]
 
     # The parent run's summary.json in MLflow says the same.
     from mlflow.tracking import MlflowClient

@@ -126,6 +126,7 @@ class _TrialProgress:
         self.running: dict[str, str] = {}  # unit -> the trial it runs (a pool's bar shows every unit)
         # The time left from the planner's per-trial estimates (rich's own ETA needs several trials within 30 s).
         self.eta = eta or Eta({})
+        self.skipped: set[int] = set()  # trial indices resume skips
         self.bar = None
         if out.is_terminal:
             from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
@@ -159,10 +160,13 @@ class _TrialProgress:
         (self.bar.console if self.bar is not None else self.out).print(text, highlight=False)
 
     def resumed(self, trials) -> None:
-        """The trials resume skips: they take no time."""
-        self.eta.skip([t.index for t in trials])
+        """The trials resume skips: they take no time, and do not 'run'."""
+        self.skipped = {t.index for t in trials}
+        self.eta.skip(list(self.skipped))
 
     def start(self, trial) -> None:
+        if trial.index in self.skipped:
+            return  # its one line comes when it ends: FINISHED earlier
         label = escape(trial_label(trial, self.keys))
         device = trial.cfg.device.name
         self.eta.start(trial.index, device)
