@@ -54,7 +54,9 @@ def finished_trials_sqlite(uri: str, experiment_name: str, *, key: str = "identi
         tags: dict[str, dict[str, str]] = {}
         query = (f"SELECT t.run_uuid, t.key, t.value FROM tags t JOIN runs r ON r.run_uuid = t.run_uuid "
                  f"WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active' AND r.status = 'FINISHED' "
-                 f"AND t.key IN ({','.join('?' * len(_TAGS))})")
+                 f"AND t.key IN ({','.join('?' * len(_TAGS))}) "
+                 # The reader's order (start time, run id): of two FINISHED runs of a trial both pick the first.
+                 f"ORDER BY r.start_time, r.run_uuid")
         for run_id, k, v in db.execute(query, (exp[0], *_TAGS)):
             tags.setdefault(run_id, {})[k] = v
         # Every metric of the FINISHED runs: a resumed trial's summary row shows the earlier run's figures. MLflow
