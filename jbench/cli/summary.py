@@ -160,8 +160,7 @@ def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str
 def _table(title: str, kind: str, rows: list, keys: list[str], label: Callable[[Any, list[str]], str],
            console: Console) -> SummaryTable:
     figures, caption = _figures(kind, [o.trial for o in rows])
-    # The legend is printed under the table, a line per entry wrapped at the terminal's width (a table's caption
-    # is not wrapped to it).
+    # The legend goes under the table, a line per entry, as messages are printed: never hard-wrapped (greppable).
     legend = [caption + (f"; trials vary {', '.join(keys)}" if keys else "")]
     if any(is_earlier(o) for o in rows):
         legend.append("EARLIER: FINISHED by an earlier sweep of this experiment; its run and figures are shown "
