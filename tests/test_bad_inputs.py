@@ -195,6 +195,10 @@ CASES = [
     ("export-unknown-experiment", ["export", "--experiment", "nosuch", "--out", "{out}/x.csv"],
      "Existing experiments: adhoc", True),
     ("export-no-store", ["export", "--out", "{out}/x.csv"], "", False),
+    # the MLflow UI's address
+    ("ui-port-out-of-range", ["ui", "--port", "99999"], "99999 is not in the range 1<=x<=65535", True),
+    ("ui-host-invalid", ["ui", "--host", "256.1.1.1"], "--host 256.1.1.1: not an address", True),
+    ("ui-host-not-here", ["ui", "--host", "192.0.2.1"], "--host 192.0.2.1: no interface of this machine", True),
 ]
 
 

@@ -77,7 +77,9 @@ def test_noisy_marker_is_printed_not_swallowed_as_markup(tmp_path, llama_build, 
     # max_cv=0 tags every trial with a non-zero spread noisy.
     rc, stdout, stderr = _piped(["run", *TINY, "sweep.max_cv=0"], tmp_path)
     assert rc == 0, stdout + stderr
-    assert "[noisy]" in stdout, stdout
+    # The mark is a `*` after the status (one line per trial at 80 columns), explained under the table.
+    (row,) = _table_rows(stdout).values()
+    assert "FINISHED*" in row and "*: noisy" in stdout, stdout
 
 
 @pytest.mark.slow

@@ -83,7 +83,8 @@ def test_sweep_resumes_a_v1_store(v1_store, llama_build, bundled_model):
     """The real command over a copy of the version-1 store: both trials are already FINISHED."""
     again = jbench_cli(["sweep", *SWEEP], env_extra={"JBENCH_RESULTS_DIR": v1_store})
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("SKIPPED") == 2, again.stdout
+    assert again.stdout.count("FINISHED earlier (run ") == 2, again.stdout
     dry = jbench_cli(["sweep", *SWEEP[:3], "backend.n_gen=8,9", *SWEEP[4:], "--dry-run"],
                      env_extra={"JBENCH_RESULTS_DIR": v1_store})
-    assert "2 already FINISHED" in dry.stdout and "2 trial(s) without history" in dry.stdout, dry.stdout
+    assert "2 already FINISHED" in dry.stdout, dry.stdout
+    assert "none of the 2 trial(s) to run has an earlier run" in dry.stdout, dry.stdout

@@ -100,7 +100,7 @@ def test_a_class_sweep_runs_each_trial_once_over_every_unit_and_resumes_whicheve
     # Resume: the same command again runs nothing; the trials count as done whichever unit ran them.
     again = jbench_cli(argv, env_extra=env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("skipped (resumed)") == 6, again.stdout
+    assert again.stdout.count("FINISHED earlier (run ") == 6, again.stdout
     assert len(_trial_runs(tmp_path / "r")) == 6
 
 
@@ -339,7 +339,7 @@ def test_a_class_sweep_killed_mid_run_is_cleaned_up_and_completed_by_a_rerun(req
 
     again = jbench_cli(argv, env_extra=env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("skipped (resumed)") == finished, again.stdout
+    assert again.stdout.count("FINISHED earlier (run ") == finished, again.stdout
     client = MlflowClient(f"sqlite:///{results}/mlflow.db")
     for run_id in orphaned:
         run = client.get_run(run_id)

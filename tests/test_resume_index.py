@@ -29,8 +29,11 @@ def _store(tmp_path: Path) -> str:
                 "jbench.hash_version": "2"}
         if rnd:
             tags["jbench.round"] = rnd
+        if i == 2:
+            tags["jbench.noisy"] = "true"
         run = tracker.start_run(exp, f"t{i}", parent_run_id=parent, tags=tags)
-        tracker.log(run, metrics={"trial_wall_s": 10.0 + i})
+        # A NaN metric is missing to both readers (MLflow's table stores it as 0 with is_nan set).
+        tracker.log(run, metrics={"trial_wall_s": 10.0 + i, "decode_tps": 50.0 + i, "energy_j": float("nan")})
         tracker.end_run(run, status)
     tracker.end_run(parent, "FINISHED")
     return tracker.uri
@@ -41,10 +44,14 @@ def test_fast_path_equals_mlflows_reader(tmp_path):
     uri = _store(tmp_path)
     for key in ("identity", "config_hash"):
         fast = finished_trials_sqlite(uri, "ladder", key=key)
-        assert fast is not None and set(fast) == set(finished_trials(uri, "ladder", key=key))
+        slow = finished_trials(uri, "ladder", key=key)
+        assert fast is not None and set(fast) == set(slow)
+        # The same run with the same figures (a resumed trial's summary row shows them) and noisy flag.
+        assert fast == slow
     fast = finished_trials_sqlite(uri, "ladder")
     assert set(fast) == {"aaa:1", "ccc:2"}  # the FAILED run does not count; round 2 is its own key
-    assert fast["ccc:2"]["wall_s"] == 12.0
+    assert fast["ccc:2"]["wall_s"] == 12.0 and fast["ccc:2"]["noisy"] and not fast["aaa:1"]["noisy"]
+    assert fast["ccc:2"]["metrics"] == {"trial_wall_s": 12.0, "decode_tps": 52.0}
     assert finished_trials_sqlite(uri, "no-such-experiment") == {}
 
 

@@ -189,13 +189,14 @@ def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
     trials = [r for r in runs if r.data.tags.get("jbench.kind") == "trial"]
     assert sorted(r.data.params["backend.n_gen"] for r in trials) == ["2", "3", "4"]  # only the new cell ran
-    assert again.stdout.count("SKIPPED") == 2
+    assert again.stdout.count("FINISHED earlier (run ") == 2
     plan_only = jbench_cli(["sweep", "backend.n_gen=2,3,4,5", "--dry-run", *small], env_extra=env)
-    assert "3 already FINISHED" in plan_only.stdout and "1 trial(s) without history" in plan_only.stdout
+    assert "3 already FINISHED" in plan_only.stdout, plan_only.stdout
+    assert "none of the 1 trial(s) to run has an earlier run" in plan_only.stdout, plan_only.stdout
     rerun = jbench_cli(["sweep", "backend.n_gen=2", "sweep.rerun=true", *small], env_extra=env)
     assert rerun.returncode == 0, rerun.stderr
     # The trial really ran again (a skipped one's note says "already FINISHED" too): a second FINISHED run of it.
-    assert "SKIPPED" not in rerun.stdout and "already FINISHED" not in rerun.stdout
+    assert "EARLIER" not in rerun.stdout and "already FINISHED" not in rerun.stdout
     runs = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id])
     n_gen_2 = [r for r in runs if r.data.tags.get("jbench.kind") == "trial" and r.data.params["backend.n_gen"] == "2"]
     assert [r.info.status for r in n_gen_2] == ["FINISHED", "FINISHED"]
@@ -229,7 +230,7 @@ def test_dry_run_promises_a_skip_only_for_the_same_build(tmp_path, llama_build, 
     other = jbench_cli(["run", *small, f"backend.binary_dir={rebuilt}", "--dry-run"], env_extra=env)
     assert other.returncode == 0 and "already FINISHED" not in other.stdout, other.stdout
     ran = jbench_cli(["run", *small, f"backend.binary_dir={rebuilt}"], env_extra=env)
-    assert ran.returncode == 0 and "SKIPPED" not in ran.stdout, ran.stdout  # the promise held: it ran
+    assert ran.returncode == 0 and "EARLIER" not in ran.stdout, ran.stdout  # the promise held: it ran
 
 
 @pytest.mark.e2e

@@ -7,24 +7,22 @@ else goes to stderr (docs/cli.md).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Optional
 
 import click
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, _signals_as_interrupt, common_options,
                         console, err_console, main)
+from jbench.cli.summary import EARLIER, RUN_ID_CHARS, Eta, is_earlier, number, print_summary, scenario
 from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import ModelConfig, typed
 from jbench.runner.recorder import preload
 
 OUTPUT_FORMATS = ("table", "md", "csv", "json", "jsonl")
-RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
 
 
 def _hydra_quoted(value: str) -> str:
@@ -73,31 +71,12 @@ def trial_label(trial, keys: list[str]) -> str:
     return " ".join(parts) or trial.label
 
 
-def _num(value: Any) -> Optional[float]:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _fmt(value: Any, std: Any = None) -> str:
-    v, s = _num(value), _num(std)
-    if v is None:
-        return "-"
-    digits = 1 if abs(v) >= 10 else 2
-    return f"{v:.{digits}f}" if s is None else f"{v:.{digits}f} ± {s:.{digits}f}"
-
-
 def _backend_size(trial, key: str) -> Optional[Any]:
-    """A size (n_prompt, n_gen, repetitions) of the trial's backend config; None for a backend without it."""
+    """A size (n_prompt, n_gen, repetitions) of the trial's backend config; None for a backend without it, and
+    repetitions of a latency trial (its requests are `latency_requests`)."""
+    if key == "repetitions" and scenario(trial) == "latency":
+        return None
     return getattr(trial.cfg.backend, key) if hasattr(trial.cfg.backend, key) else None
-
-
-def _size(trials, key: str) -> Optional[Any]:
-    """A backend size shared by every trial, else None."""
-    values = {repr(_backend_size(t, key)) for t in trials}
-    return _backend_size(trials[0], key) if len(values) == 1 else None
 
 
 def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
@@ -111,9 +90,15 @@ def _records(trials, outcomes=None, *, status: str = "PLANNED") -> list[dict]:
                                "config_hash": t.config_hash,
                                **{k: _backend_size(t, k) for k in ("n_prompt", "n_gen", "repetitions")}}
         if o is not None:
-            row.update({"attempt": o.attempt, "device": o.device, "category": str(o.category) if o.category else None,
-                        "error": o.error, "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
-            metrics = {k: _num(v) for k, v in o.metrics.items()}
+            metrics = {k: number(v) for k, v in o.metrics.items()}
+            if is_earlier(o):  # the earlier run's figures, marked as such; it neither failed nor took time now
+                wall = metrics.get("trial_wall_s")
+                row.update({"status": EARLIER, "attempt": o.attempt, "device": o.device, "category": None,
+                            "error": None, "noisy": bool(o.noisy), "wall_s": round(wall, 3) if wall else None})
+            else:
+                row.update({"attempt": o.attempt, "device": o.device,
+                            "category": str(o.category) if o.category else None, "error": o.error,
+                            "noisy": bool(o.noisy), "wall_s": round(o.wall_s, 3)})
             main_keys = ("prefill_tps", "prefill_tps_std", "decode_tps", "decode_tps_std")
             row.update({k: metrics.get(k) for k in main_keys})
             row.update({k: v for k, v in sorted(metrics.items()) if k not in main_keys})
@@ -128,40 +113,6 @@ def format_records(rows: list[dict], fmt: str) -> str:
     return export(rows, fmt)
 
 
-def _summary_table(outcome) -> Table:
-    trials = [o.trial for o in outcome.outcomes]
-    keys = varying_keys(trials)
-    pp, tg = _size(trials, "n_prompt"), _size(trials, "n_gen")
-    reps = _size(trials, "repetitions")
-    caption = "mean ± sd: mean and standard deviation over " + (f"{reps} repetitions" if reps else "the repetitions")
-    if pp is None or tg is None:
-        caption += "; pp/tg sizes: backend.n_prompt / backend.n_gen of each trial"
-    table = Table(title=f"{outcome.experiment}: sweep {outcome.sweep_id}", title_justify="left",
-                  caption=caption + (f"; trials vary {', '.join(keys)}" if keys else ""), caption_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("trial", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column(f"prefill tok/s\n(pp{pp if pp is not None else ''}, mean ± sd)", justify="right", no_wrap=True)
-    table.add_column(f"decode tok/s\n(tg{tg if tg is not None else ''}, mean ± sd)", justify="right", no_wrap=True)
-    table.add_column("run id / note", overflow="fold")
-    for o in outcome.outcomes:
-        m = o.metrics
-        color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(str(o.status), "yellow")
-        note = (o.run_id or "")[:RUN_ID_CHARS]
-        if str(o.status) != "FINISHED":
-            note += f" {o.category}: {o.error}"
-        table.add_row(
-            str(o.trial.index),
-            escape(trial_label(o.trial, keys)),
-            f"[{color}]{o.status}[/]",
-            _fmt(m.get("prefill_tps"), m.get("prefill_tps_std")),
-            _fmt(m.get("decode_tps"), m.get("decode_tps_std")),
-            escape(note.strip() + (" [noisy]" if o.noisy else "")),
-        )
-    return table
-
-
 # --- Progress ------------------------------------------------------------------------------------------------
 
 
@@ -169,16 +120,25 @@ class _TrialProgress:
     """A rich progress bar on a terminal (removed when the sweep ends, so no half-drawn bar stays), plain
     lines anywhere else (a pipe, a file, a CI log)."""
 
-    def __init__(self, out: Console, total: int, keys: list[str], pool: bool = False):
+    def __init__(self, out: Console, total: int, keys: list[str], pool: bool = False, eta: Optional[Eta] = None):
         self.out, self.total, self.keys = out, total, keys
         self.pool = pool
         self.running: dict[str, str] = {}  # unit -> the trial it runs (a pool's bar shows every unit)
+        # The time left from the planner's per-trial estimates (rich's own ETA needs several trials within 30 s).
+        self.eta = eta or Eta({})
+        self.skipped: set[int] = set()  # trial indices resume skips
         self.bar = None
         if out.is_terminal:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+
+            eta_ = self.eta
+
+            class EtaColumn(ProgressColumn):
+                def render(self, task) -> Text:
+                    return Text(eta_.text(), style="progress.remaining")
 
             self.bar = Progress(TextColumn("[bold]trial {task.completed}/{task.total}[/]"), BarColumn(),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), EtaColumn(),
                                 TextColumn("{task.description}"), console=out, transient=True)
             self.task = self.bar.add_task("", total=total)
         self.done = 0
@@ -199,9 +159,17 @@ class _TrialProgress:
     def print(self, text: str) -> None:
         (self.bar.console if self.bar is not None else self.out).print(text, highlight=False)
 
+    def resumed(self, trials) -> None:
+        """The trials resume skips: they take no time, and do not 'run'."""
+        self.skipped = {t.index for t in trials}
+        self.eta.skip(list(self.skipped))
+
     def start(self, trial) -> None:
+        if trial.index in self.skipped:
+            return  # its one line comes when it ends: FINISHED earlier
         label = escape(trial_label(trial, self.keys))
         device = trial.cfg.device.name
+        self.eta.start(trial.index, device)
         if self.pool:  # a sweep over a device class: what each unit runs now
             self.running[device] = label
         if self.bar is not None:
@@ -218,8 +186,12 @@ class _TrialProgress:
         self.done += 1
         label = escape(trial_label(outcome.trial, self.keys))
         on = self._on(getattr(outcome, "device", None))
+        self.eta.end(outcome.trial.index, outcome.wall_s, ran=outcome.status in ("FINISHED", "FAILED"))
         if self.bar is not None:
             self.bar.advance(self.task)
+        elif is_earlier(outcome):
+            self.print(f"{on}trial {self.done}/{self.total} {label}: FINISHED earlier "
+                       f"(run {(outcome.run_id or '')[:RUN_ID_CHARS]}, resumed)")
         elif outcome.status not in ("FAILED", "SKIPPED"):  # those get their own line below, with the reason
             self.print(f"{on}trial {self.done}/{self.total} {label}: {outcome.status} ({outcome.wall_s:.0f} s)")
         for finding in outcome.findings:
@@ -227,13 +199,43 @@ class _TrialProgress:
         if outcome.status == "FAILED":
             self.print(f"{on}[red]trial {self.done}/{self.total} {label} FAILED[/] ({outcome.category}): "
                        f"{escape(str(outcome.error))}")
-        elif outcome.status == "SKIPPED":
+        elif outcome.status == "SKIPPED" and not is_earlier(outcome):
             self.print(f"{on}[cyan]trial {self.done}/{self.total} {label} skipped[/] ({outcome.category}): "
                        f"{escape(str(outcome.error))}")
 
 
+def _estimate_line(ests) -> str:
+    """The dry run's total: the trials that will run and how long those with history take; never a total that
+    counts a trial without history as 0 s, nor a trial resume skips."""
+    run = [e for e in ests if not e.finished or e.unsure]
+    known = [e.seconds for e in run if e.seconds]
+    unknown = len(run) - len(known)
+    done = sum(1 for e in ests if e.finished and not e.unsure)
+    unsure = sum(1 for e in ests if e.unsure)
+    minutes = f"{sum(known) / 60:.1f} min" if known else ""
+    if not run:
+        line = "estimated duration: nothing to run"
+    elif not unknown:
+        line = (f"estimated duration: {minutes} for the {len(run)} trial(s) to run (from earlier runs of the same "
+                "configuration)")
+    elif not known:
+        line = (f"estimated duration: unknown: none of the {len(run)} trial(s) to run has an earlier run of the "
+                "same configuration to time it by")
+    else:
+        line = (f"estimated duration: more than {minutes} for the {len(run)} trial(s) to run: {len(known)} take "
+                f"{minutes} by earlier runs of the same configuration, {unknown} have no earlier run (not counted)")
+    if done:
+        line += (f"; {done} already FINISHED with the same build and model file (resume skips them unless "
+                 "sweep.rerun=true)")
+    if unsure:
+        line += (f"; {unsure} FINISHED earlier with the same configuration on a remote device (counted: skipped only "
+                 "if its backend build and model file are unchanged)")
+    return line
+
+
 def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
-    from jbench.sweeps.sweep import PreflightError, SweepInputError, check_store, estimates, run_sweep, tracker_factory
+    from jbench.sweeps.sweep import (PreflightError, SweepInputError, check_store, durations, estimates, run_sweep,
+                                     tracker_factory)
 
     # With -o FORMAT stdout carries only the summary; every message and the progress go to stderr.
     console = globals()["console"] if fmt == "table" else err_console
@@ -258,25 +260,18 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             raise _fail(str(exc)) from None
         rows = _records(plan_.trials)
         for e, row in zip(ests, rows):
-            row["estimate_s"] = round(e.seconds, 1) if e.seconds else None
+            # A trial resume skips takes no time: its earlier duration is no estimate of this sweep's.
+            row["estimate_s"] = round(e.seconds, 1) if e.seconds and (e.unsure or not e.finished) else None
             row["already_finished"] = e.finished
             row["finished_unsure"] = e.unsure
-            est = f"~{e.seconds:.0f} s" if e.seconds else "no estimate"
+            est = ("FINISHED earlier: resume skips it" if e.finished and not e.unsure
+                   else f"FINISHED earlier on the device, ~{e.seconds:.0f} s if run" if e.unsure and e.seconds
+                   else f"~{e.seconds:.0f} s" if e.seconds else "no estimate (no earlier run)")
             t = e.trial
             full = f"{escape(t.label)}  " if t.label != trial_label(t, keys) else ""
             console.print(f"  {t.index:>4}  {escape(trial_label(t, keys))}  [dim]{full}{t.config_hash}  {est}[/]",
                           highlight=False)
-        unknown = sum(1 for e in ests if not e.seconds)
-        done = sum(1 for e in ests if e.finished and not e.unsure)
-        unsure = sum(1 for e in ests if e.unsure)
-        todo = [e.seconds or 0.0 for e in ests if not e.finished]
-        console.print(f"estimated duration: {sum(todo) / 60:.1f} min for the {len(todo)} trial(s) to run "
-                      f"({len(todo) - sum(1 for e in ests if not e.finished and not e.seconds)} with an estimate from "
-                      f"earlier runs of the same configuration); {unknown} trial(s) without history"
-                      + (f"; {done} already FINISHED with the same build and model file (resume skips them unless "
-                         "sweep.rerun=true)" if done else "")
-                      + (f"; {unsure} FINISHED earlier with the same configuration on a remote device (skipped only "
-                         "if its backend build and model file are unchanged)" if unsure else ""), highlight=False)
+        console.print(_estimate_line(ests), highlight=False, soft_wrap=True)
         if fmt != "table":
             click.echo(format_records(rows, fmt), nl=False)
         return
@@ -294,10 +289,11 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         progress.print(f"[yellow]{escape(message)}[/]")
 
     _signals_as_interrupt()
-    with _TrialProgress(console, len(plan_.trials), keys, pool=plan_.pool is not None) as progress:
+    eta = Eta(durations(plan_)) if console.is_terminal else None  # only the bar shows it
+    with _TrialProgress(console, len(plan_.trials), keys, pool=plan_.pool is not None, eta=eta) as progress:
         try:
             result = run_sweep(plan_, tracker_factory(plan_.tracking, store, say), on_trial_start=progress.start,
-                               on_trial_end=progress.end)
+                               on_trial_end=progress.end, on_resume=progress.resumed)
         except PreflightError as exc:
             progress.stop()
             raise _fail(f"the device is not ready; nothing was run:\n{exc}") from None
@@ -306,7 +302,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     if fmt == "table":
-        console.print(_summary_table(result))
+        print_summary(result, varying_keys([o.trial for o in result.outcomes]), trial_label, console)
     else:
         click.echo(format_records(_records([o.trial for o in result.outcomes], result.outcomes), fmt), nl=False)
     for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)

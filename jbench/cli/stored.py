@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -369,27 +370,49 @@ def export(experiments, out_path, all_kinds, results_dir) -> None:
 
 
 
-def _port_in_use(host: str, port: int) -> bool:
+def _listen_problem(host: str, port: int) -> Optional[str]:
+    """Why the UI cannot listen on host:port (one line naming the fix), or None."""
+    import errno
     import socket
 
-    with socket.socket() as sock:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        return (f"--host {host}: not an address of this machine nor a name it can resolve "
+                f"({getattr(exc, 'strerror', None) or exc}): give 127.0.0.1 (this machine only) or 0.0.0.0 "
+                "(every interface)")
+    with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use: give another one with --port"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return (f"--host {host}: no interface of this machine has that address: give 127.0.0.1 (this "
+                        "machine only) or 0.0.0.0 (every interface)")
+            if exc.errno == errno.EACCES:
+                return f"port {port} needs root (a port below 1024): give --port 1024 or above"
+            return f"cannot listen on {host} port {port}: {exc.strerror}: give another --host or --port"
+    return None
 
 
-def _newest_experiment(db: Path) -> Optional[str]:
-    """The id of the newest active experiment of a local store, read-only without MLflow."""
+def _last_run_experiment(db: Path) -> Optional[str]:
+    """The id of the experiment whose run started or ended last (the sweep just run), else the newest experiment;
+    read-only without MLflow."""
     import sqlite3
 
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            row = con.execute("SELECT experiment_id FROM experiments WHERE lifecycle_stage = 'active' "
-                              "AND experiment_id != '0' ORDER BY creation_time DESC LIMIT 1").fetchone()
+            row = con.execute(
+                "SELECT r.experiment_id FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+                "WHERE e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active' "
+                "ORDER BY MAX(COALESCE(r.end_time, 0), r.start_time) DESC LIMIT 1").fetchone()
+            if row is None:
+                row = con.execute("SELECT experiment_id FROM experiments WHERE lifecycle_stage = 'active' "
+                                  "AND experiment_id != '0' ORDER BY creation_time DESC LIMIT 1").fetchone()
         finally:
             con.close()
     except sqlite3.Error:
@@ -397,14 +420,25 @@ def _newest_experiment(db: Path) -> Optional[str]:
     return str(row[0]) if row else None
 
 
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
-@click.option("--port", default=5000, show_default=True)
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
 @common_options
 def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     """Open the MLflow UI on jbench's results (an `mlflow server` serving the store and its artifacts)."""
     import signal
     import subprocess
+    import tempfile
 
     results = _results_dir(results_dir)
     uri = resolve_uri(None, results)
@@ -417,28 +451,38 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
     if not store_exists(uri):
         raise _fail(f"no results store in {Path(results).resolve()} ({uri} does not exist): run a sweep first, "
                     "or point --results-dir / $JBENCH_RESULTS_DIR at the directory that holds mlflow.db")
-    if _port_in_use(host, port):
-        raise _fail(f"port {port} on {host} is in use: give another one with --port")
+    problem = _listen_problem(host, port)
+    if problem:
+        raise _fail(problem)
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
             "--workers", "1"]
     root = artifacts_root(uri)
     if root is not None:  # mlflow-artifacts:/ locations served from the store's own directory, wherever it is
         argv += ["--artifacts-destination", str(root)]
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    exp = _newest_experiment(local_path(uri)) if uri.startswith("sqlite:") else None
-    link = runs_view_url(f"http://{shown}:{port}", exp) if exp else f"http://{shown}:{port}"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    exp = _last_run_experiment(local_path(uri)) if uri.startswith("sqlite:") else None
+    link = runs_view_url(base, exp) if exp else base
+    # The server's messages go to a file (a pipe nobody reads while it starts could fill and stop it); its last
+    # line is the reason when it exits.
+    errors = tempfile.TemporaryFile(mode="w+")
     # The server and its workers are one process group of their own: stopped together, without tracebacks.
     server = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=errors, text=True)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)  # also when started in the background, where SIGINT starts out ignored
-    console.print(f"MLflow UI: {link}  ({uri}; Ctrl-C to stop)", highlight=False)
+    err_console.print(f"starting the MLflow UI on {base} ...", highlight=False)
     try:
-        _, err = server.communicate()
+        # The link is printed once the server answers: opened earlier, a browser shows an error page.
+        while server.poll() is None and not _answers(f"{base}/health"):
+            time.sleep(0.25)
+        if server.poll() is None:
+            console.print(f"MLflow UI: {link}  ({uri}; Ctrl-C to stop)", highlight=False)
+        server.wait()
     except KeyboardInterrupt:
         import os
 
@@ -455,7 +499,8 @@ def ui(host: str, port: int, results_dir: Optional[str]) -> None:
         console.print("MLflow UI stopped", highlight=False)
         return
     if server.returncode:
-        lines = [ln for ln in (err or "").splitlines() if ln.strip()]
+        errors.seek(0)
+        lines = [ln for ln in errors.read().splitlines() if ln.strip()]
         raise _fail(f"mlflow server exited with code {server.returncode}: {lines[-1] if lines else 'no message'}")
 
 

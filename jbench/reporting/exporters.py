@@ -39,8 +39,10 @@ __all__ = ["FORMATS", "SUMMARY_COLUMNS", "Exporter", "export", "exporter", "regi
 Rows = Sequence[Mapping[str, Any]]
 
 # The sweep summary's main columns: what `md` shows of a summary row (docs/cli.md, "The sweep summary and -o").
+# A latency-scenario row's own figures follow (the bench rows of a sweep have none: their cells stay empty).
 SUMMARY_COLUMNS: tuple[str, ...] = ("index", "label", "status", "run_id", "n_prompt", "n_gen", "prefill_tps",
-                                    "prefill_tps_std", "decode_tps", "decode_tps_std")
+                                    "prefill_tps_std", "decode_tps", "decode_tps_std", "ttft_ms_p50", "itl_ms_p50",
+                                    "e2e_ms_p50")
 
 DEFAULT_FLOAT_FORMAT = "%.6g"
 

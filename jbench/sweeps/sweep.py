@@ -68,12 +68,14 @@ class SweepOutcome:
 def run_sweep(plan: Plan, tracker_factory: Callable[[], Tracker], *, every_unit: bool = False,
               stages: Optional[list[Stage]] = None, on_trial_start: Callable[[Trial], None] = lambda t: None,
               on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
-              on_unit_dropped: Callable[[str], None] = lambda note: None) -> SweepOutcome:
+              on_unit_dropped: Callable[[str], None] = lambda note: None,
+              on_resume: Callable[[list[Trial]], None] = lambda trials: None) -> SweepOutcome:
     """Run the plan (module doc). `every_unit`: over a device class, every unit runs every trial (a nightly);
-    else the units share one queue. Raises PreflightError when a device is not ready (nothing ran),
-    KeyboardInterrupt after recording the interruption."""
+    else the units share one queue. `on_resume`: the trials resume will skip, once that is decided (a progress
+    bar's time left). Raises PreflightError when a device is not ready (nothing ran), KeyboardInterrupt after
+    recording the interruption."""
     return _Sweep(plan, tracker_factory, every_unit=every_unit, stages=stages, on_trial_start=on_trial_start,
-                  on_trial_end=on_trial_end, on_unit_dropped=on_unit_dropped).run()
+                  on_trial_end=on_trial_end, on_unit_dropped=on_unit_dropped, on_resume=on_resume).run()
 
 
 def _group_key(trial: Trial) -> tuple:
@@ -96,7 +98,10 @@ def skipped(trial: Trial, key: str, done: dict[str, dict], ooms: list[tuple[tupl
     context of a model and KV type that already ran out of memory on the device (`ooms`: (key, context, run id);
     `run_as`: the trial on a pool's unit)."""
     if key in done:
-        return TrialOutcome(trial, Status.SKIPPED, earlier_run_id=done[key]["run_id"],
+        # The earlier run's figures go with it: the sweep's summary shows every trial's numbers, marked earlier.
+        earlier = done[key]
+        return TrialOutcome(trial, Status.SKIPPED, earlier_run_id=earlier["run_id"],
+                            metrics=dict(earlier.get("metrics") or {}), noisy=bool(earlier.get("noisy")),
                             error="already FINISHED in this experiment (sweep.rerun=true runs it again)",
                             category=Category.RESUMED)
     for oom_key, context, run_id in ooms:
@@ -131,7 +136,7 @@ def summary_rows(outcomes: list[TrialOutcome], dims: dict, earlier: Callable[[st
     for o in outcomes:
         metrics = o.metrics
         resumed = o.status == Status.SKIPPED and o.category == Category.RESUMED
-        if resumed and o.run_id:
+        if resumed and o.run_id and not metrics:  # figures not read with the resume index: ask the store
             metrics = earlier(o.run_id)
         row: dict[str, Any] = {"run": o.trial.short_label, "run_id": o.run_id or ""}
         if o.device:
@@ -153,8 +158,10 @@ def summary_rows(outcomes: list[TrialOutcome], dims: dict, earlier: Callable[[st
 class _Sweep:
     def __init__(self, plan: Plan, tracker_factory: Callable[[], Tracker], *, every_unit: bool,
                  stages: Optional[list[Stage]], on_trial_start: Callable[[Trial], None],
-                 on_trial_end: Callable[[TrialOutcome], None], on_unit_dropped: Callable[[str], None]):
+                 on_trial_end: Callable[[TrialOutcome], None], on_unit_dropped: Callable[[str], None],
+                 on_resume: Callable[[list[Trial]], None] = lambda trials: None):
         self.plan, self.tracker_factory, self.every_unit = plan, tracker_factory, every_unit
+        self.on_resume = on_resume
         self.stages = stages if stages is not None else default_stages()
         self.on_trial_start, self.on_trial_end, self.on_unit_dropped = on_trial_start, on_trial_end, on_unit_dropped
         # This controller's own id: leases and power-state files name it (a resumed sweep's runs carry the old one).
@@ -289,6 +296,7 @@ class _Sweep:
         # Planned again now that the devices are ours: a sweep that waited for a lease resumes what the holder
         # finished meanwhile instead of measuring it again.
         done = self._finished(uri, exp_name)
+        self.on_resume([t for t in runnable if self.resume_key(t) in done])
         by_device = self._device_trials(runnable)
         sched.each(lambda s: s.save(any(t.cfg.wants_power_control for t in by_device[s.name])), sessions)
         return self._record(runnable, done, exp_name, uri)
@@ -558,6 +566,27 @@ def tracker_factory(tracking: Any, store: Store, notify: Callable[[str], None] =
         return MlflowTracker(tracking.uri, tracking.results_dir, spool=store.spool, notify=notify)
 
     return make
+
+
+def durations(plan: Plan) -> dict[int, Optional[float]]:
+    """Each planned trial's expected seconds: the wall time of an earlier FINISHED run of its configuration in the
+    experiment (None: no such run). Read-only; a store that does not exist or does not answer gives no history."""
+    uri = resolve_uri(plan.tracking.uri, plan.tracking.results_dir)
+    by_config: dict[str, dict] = {}
+    if store_exists(uri):
+        exp_name = plan.tracking.experiment_name or plan.experiment
+        fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
+        if fast is not None:
+            by_config = fast
+        else:
+            from jbench.tracking.reader import finished_trials  # imports mlflow: only when sqlite3 cannot answer
+
+            try:
+                by_config = finished_trials(uri, exp_name)
+            except Exception as exc:  # an estimate is never worth stopping a sweep for
+                log.warning("no duration estimate: %s", exc)
+    return {t.index: (by_config.get(t.resume_key) or by_config.get(resume_key(t.config_hash, 1)) or {}).get("wall_s")
+            or None for t in plan.trials}
 
 
 @dataclass

@@ -442,8 +442,8 @@ def _epoch_ms(series) -> list[Optional[float]]:
 
 
 def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "config_hash") -> dict[str, dict]:
-    """FINISHED trial runs of an experiment keyed by `<hash>:<round>`, with their wall time
-    (resume and duration estimates): {key: {"run_id", "wall_s"}}.
+    """FINISHED trial runs of an experiment keyed by `<hash>:<round>`, with their wall time and figures
+    (resume, its summary rows and duration estimates): {key: {"run_id", "wall_s", "metrics", "noisy"}}.
 
     key="identity": the trial identity (jbench.identity.trial_identity: identity fields, backend build and
     model digest), what resume must match on (tag `jbench.identity`). key="config_hash": the configuration
@@ -469,11 +469,16 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
     done = with_current_hashes(df[df["status"] == "FINISHED"].reset_index(drop=True))
     column = "tags.jbench.identity" if key == "identity" else "tags.jbench.config_hash"
     rounds = done["tags.jbench.round"] if "tags.jbench.round" in done else None
-    walls = done["metrics.trial_wall_s"] if "metrics.trial_wall_s" in done else None
+    metric_columns = [c for c in done.columns if c.startswith("metrics.")]
+    noisy = done["tags.jbench.noisy"] if "tags.jbench.noisy" in done else None
     for i, (run_id, h) in enumerate(zip(done["run_id"], done[column])):
         if not isinstance(h, str) or not h:
             continue
         r = rounds.iloc[i] if rounds is not None and isinstance(rounds.iloc[i], str) else "1"
-        wall = walls.iloc[i] if walls is not None else None
-        found.setdefault(resume_key(h, r), {"run_id": run_id, "wall_s": None if wall != wall else wall})
+        # The run's figures (a resumed trial's summary row shows them); a metric the run lacks is left out.
+        metrics = {c[len("metrics."):]: float(v) for c in metric_columns
+                   if (v := done[c].iloc[i]) is not None and v == v}
+        found.setdefault(resume_key(h, r), {"run_id": run_id, "wall_s": metrics.get("trial_wall_s"),
+                                            "metrics": metrics,
+                                            "noisy": noisy is not None and noisy.iloc[i] == "true"})
     return found

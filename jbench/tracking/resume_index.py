@@ -21,9 +21,10 @@ _NEEDS = {
     "experiments": {"experiment_id", "name"},
     "runs": {"run_uuid", "experiment_id", "status", "lifecycle_stage"},
     "tags": {"run_uuid", "key", "value"},
-    "latest_metrics": {"run_uuid", "key", "value"},
+    "latest_metrics": {"run_uuid", "key", "value", "is_nan"},
 }
-_TAGS = ("jbench.kind", "jbench.identity", "jbench.config_hash", "jbench.round", "jbench.hash_version")
+_TAGS = ("jbench.kind", "jbench.identity", "jbench.config_hash", "jbench.round", "jbench.hash_version",
+         "jbench.noisy")
 
 
 def sqlite_path(uri: str) -> Optional[str]:
@@ -32,8 +33,8 @@ def sqlite_path(uri: str) -> Optional[str]:
 
 
 def finished_trials_sqlite(uri: str, experiment_name: str, *, key: str = "identity") -> Optional[dict[str, dict]]:
-    """{resume key: {"run_id", "wall_s"}} like reader.finished_trials, or None when this fast path cannot
-    answer exactly (not a local SQLite store, an unknown schema, version-1 runs, any database error)."""
+    """{resume key: {"run_id", "wall_s", "metrics", "noisy"}} like reader.finished_trials, or None when this fast
+    path cannot answer exactly (not a local SQLite store, an unknown schema, version-1 runs, any database error)."""
     path = sqlite_path(uri)
     if path is None:
         return None
@@ -53,12 +54,20 @@ def finished_trials_sqlite(uri: str, experiment_name: str, *, key: str = "identi
         tags: dict[str, dict[str, str]] = {}
         query = (f"SELECT t.run_uuid, t.key, t.value FROM tags t JOIN runs r ON r.run_uuid = t.run_uuid "
                  f"WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active' AND r.status = 'FINISHED' "
-                 f"AND t.key IN ({','.join('?' * len(_TAGS))})")
+                 f"AND t.key IN ({','.join('?' * len(_TAGS))}) "
+                 # The reader's order (start time, run id): of two FINISHED runs of a trial both pick the first.
+                 f"ORDER BY r.start_time, r.run_uuid")
         for run_id, k, v in db.execute(query, (exp[0], *_TAGS)):
             tags.setdefault(run_id, {})[k] = v
-        walls = dict(db.execute(
-            "SELECT m.run_uuid, m.value FROM latest_metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
-            "WHERE r.experiment_id = ? AND m.key = 'trial_wall_s'", (exp[0],)).fetchall())
+        # Every metric of the FINISHED runs: a resumed trial's summary row shows the earlier run's figures. MLflow
+        # stores a NaN as 0 with is_nan set; a NaN is left out (missing), as reader.runs_frame reads it.
+        metrics: dict[str, dict[str, float]] = {}
+        for run_id, k, v, is_nan in db.execute(
+                "SELECT m.run_uuid, m.key, m.value, m.is_nan FROM latest_metrics m JOIN runs r "
+                "ON r.run_uuid = m.run_uuid WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active' "
+                "AND r.status = 'FINISHED'", (exp[0],)):
+            if not is_nan and v is not None:
+                metrics.setdefault(run_id, {})[k] = float(v)
     except sqlite3.Error:
         return None
     finally:
@@ -69,6 +78,8 @@ def finished_trials_sqlite(uri: str, experiment_name: str, *, key: str = "identi
             continue
         if "jbench.hash_version" not in t or column not in t:
             return None  # a run from before identities were recorded: MLflow's reader migrates it
+        m = metrics.get(run_id, {})
         found.setdefault(resume_key(t[column], t.get("jbench.round", "1")),
-                         {"run_id": run_id, "wall_s": walls.get(run_id)})
+                         {"run_id": run_id, "wall_s": m.get("trial_wall_s"), "metrics": m,
+                          "noisy": t.get("jbench.noisy") == "true"})
     return found

@@ -1,0 +1,269 @@
+"""The sweep's summary on the terminal, and the time a sweep has left.
+
+One line per run at any width from 80 columns (also a pipe's 80): the number columns never wrap, a label or note
+too long for its column is cut with `…` and its full text printed below the table. Each scenario gets its own
+table with its own figures: tok/s (mean ± sd over the repetitions) for llama-bench-like trials, TTFT, ITL and
+end-to-end latency percentiles over the requests for llama.cpp's latency scenario. A trial resumed from an earlier
+sweep shows that run's figures, status `EARLIER` (`FINISHED (earlier)` in -o rows and MLflow's summary.json).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from jbench.backends.llamacpp.backend import LlamaCppConfig
+from jbench.core.results import Category, Status
+
+RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
+EARLIER = "FINISHED (earlier)"  # a resumed trial's status in rows, as in the sweep's summary.json
+LATENCY = "latency"
+
+
+def is_earlier(outcome: Any) -> bool:
+    """Skipped because a FINISHED run of the same trial exists: its figures are that run's."""
+    return outcome.status == Status.SKIPPED and outcome.category == Category.RESUMED
+
+
+def scenario(trial: Any) -> str:
+    """What a trial measures: "latency" (llama.cpp's llama-server scenario: TTFT, ITL, e2e) or "bench" (tok/s)."""
+    b = trial.cfg.backend
+    return LATENCY if isinstance(b, LlamaCppConfig) and b.scenario == LATENCY else "bench"
+
+
+def number(value: Any) -> Optional[float]:
+    """A finite float, else None (a figure the run does not have)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt(value: Any, std: Any = None) -> str:
+    """A figure as the table shows it: `-` when missing, `mean ± sd` when a spread is given."""
+    v, s = number(value), number(std)
+    if v is None:
+        return "-"
+    digits = 1 if abs(v) >= 10 else 2
+    return f"{v:.{digits}f}" if s is None else f"{v:.{digits}f} ± {s:.{digits}f}"
+
+
+def status_text(outcome: Any) -> str:
+    """The status column: FINISHED, FAILED, KILLED, SKIPPED, EARLIER (resumed); `*` marks a noisy trial."""
+    text = "EARLIER" if is_earlier(outcome) else str(outcome.status)
+    return text + ("*" if outcome.noisy else "")
+
+
+def note_text(outcome: Any) -> str:
+    """The note column in full: the run-id prefix, and why a trial did not finish (its category and error)."""
+    note = (outcome.run_id or "")[:RUN_ID_CHARS]
+    if str(outcome.status) != "FINISHED" and not is_earlier(outcome):
+        note += f" {outcome.category}: {outcome.error}"
+    return note.strip()
+
+
+@dataclass
+class _Figure:
+    header: str
+    cell: Callable[[dict], str]
+
+
+def _shared(trials: list, setting: Callable[[Any], Any]) -> Optional[Any]:
+    """A backend setting (`setting(backend config)`, None where that backend has none) every trial shares, else
+    None."""
+    values = {repr(setting(t.cfg.backend)) for t in trials}
+    return setting(trials[0].cfg.backend) if len(values) == 1 else None
+
+
+def _size(name: str) -> Callable[[Any], Any]:
+    """A llama-bench-like size (n_prompt, n_gen, repetitions) of a backend config; None for a backend without it."""
+    return lambda b: getattr(b, name) if hasattr(b, name) else None
+
+
+def _figures(kind: str, trials: list) -> tuple[list[_Figure], str]:
+    """The figure columns of one scenario and the caption that says what they are."""
+    if kind == LATENCY:
+        n = _shared(trials, lambda b: b.latency_requests)
+        conc = _shared(trials, lambda b: b.latency_concurrency)
+        over = f"{n} requests" if n is not None else "each trial's backend.latency_requests requests"
+        caption = (f"p50: median over {over}" + (f", {conc} in flight" if conc is not None else "")
+                   + "; p90, p99 and means in -o csv/json and MLflow")
+        return [_Figure("TTFT ms\np50", lambda m: fmt(m.get("ttft_ms_p50"))),
+                _Figure("ITL ms\np50", lambda m: fmt(m.get("itl_ms_p50"))),
+                _Figure("e2e ms\np50", lambda m: fmt(m.get("e2e_ms_p50")))], caption
+    pp, tg = _shared(trials, _size("n_prompt")), _shared(trials, _size("n_gen"))
+    reps = _shared(trials, _size("repetitions"))
+    caption = "mean ± sd: mean and standard deviation over " + (f"{reps} repetitions" if reps else "the repetitions")
+    if pp is None or tg is None:
+        caption += "; pp/tg sizes: backend.n_prompt / backend.n_gen of each trial"
+    return [_Figure(f"prefill tok/s\npp{pp if pp is not None else ''} mean ± sd",
+                    lambda m: fmt(m.get("prefill_tps"), m.get("prefill_tps_std"))),
+            _Figure(f"decode tok/s\ntg{tg if tg is not None else ''} mean ± sd",
+                    lambda m: fmt(m.get("decode_tps"), m.get("decode_tps_std")))], caption
+
+
+@dataclass
+class SummaryTable:
+    """One scenario's table and the full text of what its rows had to cut."""
+
+    table: Table
+    legend: list[str]  # what the columns and marks mean
+    cut: list[str] = field(default_factory=list)  # "3 label: full note" for every row cut to fit
+
+
+def _cut(text: str, width: int) -> str:
+    """The text's start, `…` where it is cut (a note: its run id comes first)."""
+    t = Text(text)
+    t.truncate(width, overflow="ellipsis")
+    return t.plain
+
+
+def _cut_middle(text: str, width: int) -> str:
+    """Start and end with `…` between: a label's first and last values (the quant, a path's last part) tell rows
+    apart."""
+    if cell_len(text) <= width:
+        return text
+    if width < 3:
+        return _cut(text, width)
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + "…" + (text[-tail:] if tail else "")
+
+
+def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str],
+                   console: Console) -> list[SummaryTable]:
+    """The sweep's summary: a table per scenario (bench first), each fitting `console.width`."""
+    kinds = sorted({scenario(o.trial) for o in outcome.outcomes}, key=lambda k: k == LATENCY)
+    out = []
+    for n, kind in enumerate(kinds):
+        rows = [o for o in outcome.outcomes if scenario(o.trial) == kind]
+        if n == 0:
+            title = (f"{outcome.experiment}: sweep {outcome.sweep_id}" if outcome.parent_run_id is not None
+                     else f"{outcome.experiment}: nothing run, every trial already FINISHED")
+        else:
+            title = "latency scenario (llama-server)" if kind == LATENCY else kind
+        out.append(_table(title, kind, rows, keys, label, console))
+    return out
+
+
+def _table(title: str, kind: str, rows: list, keys: list[str], label: Callable[[Any, list[str]], str],
+           console: Console) -> SummaryTable:
+    figures, caption = _figures(kind, [o.trial for o in rows])
+    # The legend goes under the table, a line per entry, as messages are printed: never hard-wrapped (greppable).
+    legend = [caption + (f"; trials vary {', '.join(keys)}" if keys else "")]
+    if any(is_earlier(o) for o in rows):
+        legend.append("EARLIER: FINISHED by an earlier sweep of this experiment; its run and figures are shown "
+                      "(sweep.rerun=true measures it again)")
+    if any(o.noisy for o in rows):
+        legend.append("*: noisy, a rate's coefficient of variation is above sweep.max_cv")
+    labels = [label(o.trial, keys) for o in rows]
+    notes = [" ".join(note_text(o).split()) for o in rows]  # one line: a multi-line error is shown below in full
+
+    def build(label_w: int, note_w: int, cells: bool) -> Table:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("#", justify="right", no_wrap=True)
+        table.add_column("trial", width=label_w, no_wrap=True, overflow="ellipsis")
+        table.add_column("status", no_wrap=True)
+        for f in figures:
+            table.add_column(f.header, justify="right", no_wrap=True)
+        table.add_column("run id\n/ note", width=note_w, no_wrap=True, overflow="ellipsis")
+        for o, lb, nt in zip(rows, labels, notes):
+            color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(str(o.status), "yellow")
+            color = "cyan" if is_earlier(o) else color
+            table.add_row(str(o.trial.index), escape(_cut_middle(lb, label_w)) if cells else "",
+                          f"[{color}]{status_text(o)}[/]", *(f.cell(o.metrics) for f in figures),
+                          escape(_cut(nt, note_w)) if cells else "")
+        return table
+
+    # The width left for the label and the note once the fixed columns are laid out (measured, not assumed).
+    fixed = Measurement.get(console, console.options.update_width(10 ** 6), build(1, 1, False)).maximum - 2
+    room = console.width - fixed
+    need_label = max([cell_len(lb) for lb in labels] + [len("trial")])
+    need_note = max([cell_len(nt) for nt in notes] + [len("/ note")])
+    # The note keeps at least the run id (and a `…` when it is cut); the label gets the rest first.
+    min_note = min(need_note, RUN_ID_CHARS + 1)
+    label_w = max(min(need_label, room - min_note), min(need_label, 8))
+    note_w = max(min(need_note, room - label_w), min_note)
+    table = build(label_w, note_w, True)
+    cut = [f"{o.trial.index} {lb}: {note_text(o)}" for o, lb, nt in zip(rows, labels, notes)
+           if cell_len(lb) > label_w or cell_len(nt) > note_w]
+    return SummaryTable(table, legend, cut)
+
+
+def print_summary(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str], console: Console) -> None:
+    """The summary tables, each followed by the full text of the notes it cut."""
+    for part in summary_tables(outcome, keys, label, console):
+        console.print(part.table)
+        for line in part.legend:
+            console.print(escape(line), highlight=False)
+        if part.cut:
+            console.print("in full:", highlight=False)
+            for line in part.cut:
+                console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+
+
+class Eta:
+    """The time a sweep has left, from each trial's expected duration (earlier runs of the same configuration).
+
+    A trial without history counts as long as the trials this sweep measured took on average; until one has been
+    measured the time left is unknown (None), never a guess. Trials resume skips take no time. The trial running now
+    counts what it has left of its estimate. Over several units (a device class) the sum is spread over the units
+    that have started a trial."""
+
+    def __init__(self, expected: dict[int, Optional[float]], clock: Callable[[], float] = time.monotonic):
+        self.expected = dict(expected)
+        self.left = set(expected)
+        self.running: dict[int, float] = {}  # trial index -> when it started
+        self.measured: list[float] = []
+        self.units: set[str] = set()
+        self.clock = clock
+
+    def skip(self, indices: list[int]) -> None:
+        """Trials resume will not run (already FINISHED)."""
+        for i in indices:
+            self.expected[i] = 0.0
+
+    def start(self, index: int, unit: str = "") -> None:
+        self.running[index] = self.clock()
+        self.units.add(unit)
+
+    def end(self, index: int, wall_s: float, ran: bool) -> None:
+        """A trial ended; `ran`: it was measured (its wall time teaches the estimate of trials without history)."""
+        self.left.discard(index)
+        self.running.pop(index, None)
+        if ran and wall_s > 0:
+            self.measured.append(wall_s)
+
+    def seconds(self) -> Optional[float]:
+        """The estimated seconds left, or None when some trial has neither history nor a measured sibling."""
+        now = self.clock()
+        typical = sum(self.measured) / len(self.measured) if self.measured else None
+        total = 0.0
+        for i in self.left:
+            e = self.expected.get(i)
+            e = e if e is not None else typical
+            if e is None:
+                return None
+            if i in self.running:
+                e = max(0.0, e - (now - self.running[i]))
+            total += e
+        return total / max(1, len(self.units))
+
+    def text(self) -> str:
+        """`h:mm:ss` as rich's columns write a duration, `-:--:--` when unknown."""
+        s = self.seconds()
+        if s is None:
+            return "-:--:--"
+        s = int(round(s))
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
