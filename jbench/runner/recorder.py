@@ -94,6 +94,8 @@ class RunHandle:
 
     run_id: Optional[str] = None
     killed: bool = False  # Ctrl-C ended it: nothing more is written to it
+    # An interrupted trial's artifacts so far (config.yaml, trial.log, what its stages kept): written as it is KILLED.
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -282,7 +284,8 @@ class Recorder:
         self._submit(end)
 
     def kill_sweep(self, handles: list[RunHandle], reason: str) -> None:
-        """Ctrl-C: the open trial runs and the parent end KILLED; nothing more is written to them."""
+        """Ctrl-C: the open trial runs and the parent end KILLED with what each kept (RunHandle.kept); nothing more is
+        written to them."""
         for h in handles:
             h.killed = True
         parent = self.sweep.parent
@@ -291,6 +294,7 @@ class Recorder:
             for h in handles:
                 if h.run_id:
                     t.log(h.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
+                    t.log_texts(h.run_id, {k: v for k, v in h.kept.items() if v})
                     t.end_run(h.run_id, "KILLED")
             if parent.run_id:
                 t.log(parent.run_id, tags={"jbench.status": "KILLED"})

@@ -329,11 +329,11 @@ class _Sweep:
                 self._run_pool(trials, done, runner)
             else:
                 self.scheduler.serial(trials, lambda t: self._one(t, t, done, runner, None))
-        except (KeyboardInterrupt, Stopped):
+        except (KeyboardInterrupt, Stopped) as exc:
             self.scheduler.stop.set()
             with self.scheduler.lock:  # no worker starts or finishes a run after this
                 running = [o for o in runner.running.values()]
-                recorder.kill_sweep([o.run for o in running if o.run is not None], "interrupted (Ctrl-C)")
+                recorder.kill_sweep([o.run for o in running if o.run is not None], interrupted_by(exc))
                 for o in running:
                     o.status = Status.KILLED
                     self.outcomes.append(o)
@@ -461,6 +461,12 @@ class _Sweep:
         if unit.failures >= limit:
             return f"{min(unit.failures, limit)} trial(s) in a row failed for device reasons (last: {outcome.error})"
         return None
+
+
+def interrupted_by(exc: BaseException) -> str:
+    """The failure reason of a run ended by an interruption: the signal when one was named (SIGTERM, SIGHUP)."""
+    name = exc.args[0] if isinstance(exc, KeyboardInterrupt) and exc.args else "Ctrl-C"
+    return f"interrupted ({name})"
 
 
 # -- what the CLI and other callers use before and around a sweep ---------------------------------------------
