@@ -115,6 +115,64 @@ def test_a_dropped_ssh_session_ends_the_sweep_killed_and_the_rerun_resumes_it(tm
     _, parents, children = _runs(tmp_path)
     # One sweep: the KILLED parent goes on under its sweep id and finishes with every trial.
     assert len(parents) == 1 and parents[0].info.status == "FINISHED", [p.info.run_name for p in parents]
-    assert parents[0].data.tags["jbench.resumed_after"] == "KILLED"
+    assert parents[0].data.tags["jbench.resumed_after"] == "interrupted (SIGHUP)"
     assert {c.data.tags["jbench.sweep_id"] for c in children} == {sweep_id}
     assert sorted(c.info.run_name for c in children if c.info.status == "FINISHED") == ["Q4_0", "Q4_K_M", "Q8_0"]
+
+
+def _objects(build: Path) -> dict[str, int]:
+    return {str(p.relative_to(build)): p.stat().st_mtime_ns for p in build.rglob("*.o")} if build.exists() else {}
+
+
+def _ctrl_c_when(proc: subprocess.Popen, ready, timeout: float) -> tuple[int, str, str]:
+    """Ctrl-C as the terminal sends it (SIGINT to jbench's process group) once `ready()`; (exit code, out, err)."""
+    try:
+        assert _wait(lambda: ready() or proc.poll() is not None, timeout), "never ready"
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_during_setup_exits_130_and_the_next_setup_resumes_the_build(tmp_path, llama_build):
+    """An empty jbench cache (its sources linked from the real one, so nothing is downloaded): `jbench setup` compiles
+    llama.cpp, Ctrl-C stops it (exit 130, no "failed"), and the next `jbench setup` goes on from the objects compiled
+    so far instead of deleting the build directory."""
+    from jbench.models import provision
+
+    real = provision.paths.llamacpp_builds_dir()
+    cache = tmp_path / "cache"
+    sdist = f"llama_cpp_python-{provision.LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    (cache / "llama.cpp" / "sdist").mkdir(parents=True)
+    (cache / "llama.cpp" / "sdist" / sdist).symlink_to(real / "sdist" / sdist)
+    (cache / "llama.cpp" / "src").mkdir()
+    source = f"llama-cpp-python-{provision.LLAMA_CPP_PYTHON_VERSION}"
+    (cache / "llama.cpp" / "src" / source).symlink_to(real / "src" / source)
+    env = dict(os.environ, JBENCH_CACHE_DIR=str(cache), COLUMNS="80")
+    exe = str(Path(sys.executable).with_name("jbench"))
+    argv = [exe, "setup", "--skip-model", "--no-cuda", "-j", "2"]
+    root = next(iter(Path(llama_build["bin_dir"]).parents)).name  # <version>-<commit>-cpu-<machine>, as cached
+    build = cache / "llama.cpp" / root / "build"
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group, as a shell's foreground job
+
+    rc, out, err = _ctrl_c_when(start(), lambda: len(_objects(build)) >= 6, 300)
+    assert rc == 130, out + err
+    assert "failed" not in out + err and "interrupted" in err and "Traceback" not in err, out + err
+    first = _objects(build)
+    assert len(first) >= 6
+
+    again = start()
+    rc, out, err = _ctrl_c_when(again, lambda: len(_objects(build)) > len(first), 300)
+    assert rc == 130, out + err
+    assert f"resuming the unfinished build in {build.parent}" in out, out
+    after = _objects(build)
+    # Every object of the first run is still there, not compiled again: the build went on from them.
+    assert {k: after.get(k) for k in first} == first
+    assert len(after) > len(first)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol
 
+from jbench.core.errors import UserError
 from jbench.core.identity import HASH_VERSION, identity_params
 from jbench.core.results import Result
 from jbench.core.trial import Trial
@@ -134,13 +135,24 @@ class Recorder:
 
     # -- the writer ------------------------------------------------------------------------------------
 
+    def _raise(self) -> None:
+        """What the writer could not do, raised on the trial path: a UserError (a full disk) as itself (one line)."""
+        if isinstance(self._error, UserError):
+            raise self._error
+        raise WriterError(f"the results store failed: {self._error}") from self._error
+
+    @property
+    def disk_full(self) -> bool:
+        """The store's disk filled: what is measured goes to the spool, and a workflow starts no further trial."""
+        return bool(getattr(self.tracker, "disk_full", False))
+
     def _submit(self, fn: Callable[[Tracker], None], *, create: bool = False) -> None:
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
         if not self._write_behind:
             self._run_one(fn)
             if self._error is not None:
-                raise WriterError(f"the results store failed: {self._error}") from self._error
+                self._raise()
             return
         with self._cond:
             if self._thread is None:
@@ -184,7 +196,7 @@ class Recorder:
                     raise RuntimeError("flush() while a quiet() measurement is in progress")
                 self._cond.wait(0.5)
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
 
     def close(self) -> None:
         """Finish the queued writes, end the writer (errors stay for flush())."""
@@ -296,8 +308,8 @@ class Recorder:
                     t.log(h.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
                     t.log_texts(h.run_id, {k: v for k, v in h.kept.items() if v})
                     t.end_run(h.run_id, "KILLED")
-            if parent.run_id:
-                t.log(parent.run_id, tags={"jbench.status": "KILLED"})
+            if parent.run_id:  # the reason: what a resume records as jbench.resumed_after
+                t.log(parent.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
                 t.end_run(parent.run_id, "KILLED")
 
         self._submit(kill)
@@ -329,7 +341,7 @@ class Recorder:
             while handle.run_id is None and self._error is None:
                 self._cond.wait(0.5)
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
         return handle
 
     def measured(self, handle: RunHandle, record: Result) -> None:
