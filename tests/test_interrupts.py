@@ -52,6 +52,27 @@ def _wait(predicate, timeout: float) -> bool:
     return False
 
 
+def _descendant_named(pid: int, name: str) -> bool:
+    """A process under `pid` whose command is `name` runs now (the benchmark jbench started, not another test's)."""
+    todo, seen = [str(pid)], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            if current != str(pid) and Path(f"/proc/{current}/comm").read_text().strip() == name:
+                return True
+        except OSError:
+            continue
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += (task / "children").read_text().split()
+            except OSError:
+                continue
+    return False
+
+
 def _runs(results: Path):
     client = MlflowClient(f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("quant_ladder")
@@ -87,7 +108,8 @@ def test_a_dropped_ssh_session_ends_the_sweep_killed_and_the_rerun_resumes_it(tm
         assert _wait(lambda: _trials_finished(tmp_path / "mlflow.db") >= 1 or proc.poll() is not None, 300), \
             "no trial finished"
         assert proc.poll() is None, seen.decode(errors="replace")[-3000:]
-        time.sleep(1.5)  # into the next trial's measurement
+        assert _wait(lambda: _descendant_named(proc.pid, "llama-bench"), 120), "the next trial never measured"
+        time.sleep(0.5)  # into its measurement
         os.close(master)  # the session drops: the kernel hangs the terminal up and sends SIGHUP
         time.sleep(0.3)
         proc.send_signal(signal.SIGHUP)  # the login shell's own SIGHUP to its job, while jbench unwinds
@@ -103,11 +125,13 @@ def test_a_dropped_ssh_session_ends_the_sweep_killed_and_the_rerun_resumes_it(tm
     assert not [c for c in first if c.info.status == "RUNNING"]
     killed = [c for c in first if c.info.status == "KILLED"]
     assert len(killed) == 1 and killed[0].data.tags["jbench.failure_reason"] == "interrupted (SIGHUP)"
-    # The interrupted trial keeps what a FAILED one keeps: its resolved config and its log.
+    # The interrupted trial keeps what a FAILED one keeps: its resolved config, its log, the output so far.
     kept = {a.path for a in client.list_artifacts(killed[0].info.run_id)}
-    assert {"config.yaml", "trial.log"} <= kept, kept
+    assert {"config.yaml", "trial.log", "raw"} <= kept, kept
+    raw = {a.path for a in client.list_artifacts(killed[0].info.run_id, "raw")}
+    assert raw & {"raw/stdout.txt", "raw/stderr.txt"}, raw
     log = Path(client.download_artifacts(killed[0].info.run_id, "trial.log", str(tmp_path / "dl"))).read_text()
-    assert "interrupted (KeyboardInterrupt)" in log, log
+    assert "interrupted (SIGHUP)" in log, log
     sweep_id = parents[0].data.tags["jbench.sweep_id"]
 
     res = jbench_cli(SWEEP, env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})

@@ -22,7 +22,7 @@ from jbench.backends.base import BackendError
 from jbench.core.identity import trial_identity
 from jbench.core.results import Category, Finding, Result, Status
 from jbench.core.trial import Trial, TrialConfig
-from jbench.device.connection import ConnectionLost, DeviceError
+from jbench.device.connection import CommandInterrupted, ConnectionLost, DeviceError
 from jbench.device.power import PowerStateError
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.runner.context import TrialContext, TrialLog
@@ -242,7 +242,8 @@ class TrialRunner:
             self._stages(run_as, cfg, session, outcome, tlog, artifacts, quiet, started)
         except (KeyboardInterrupt, Stopped) as exc:
             # Interrupted: the workflow ends the run KILLED; what is known so far goes with it, as a FAILED run's does.
-            tlog.logger.warning("interrupted (%s) after %.1f s", type(exc).__name__, time.monotonic() - started)
+            why = exc.args[0] if exc.args else "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "the workflow stopped"
+            tlog.logger.warning("interrupted (%s) after %.1f s", why, time.monotonic() - started)
             artifacts["trial.log"] = tlog.text()
             tlog.close()
             outcome.run.kept = artifacts
@@ -270,8 +271,10 @@ class TrialRunner:
                 for stage in self.stages:
                     if stage.applies(ctx):
                         stage.run(ctx)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 artifacts.update(ctx.record.artifacts)  # what the stages kept before the interruption
+                if isinstance(exc, CommandInterrupted):  # the command's output up to the interruption
+                    artifacts.update({"raw/stdout.txt": exc.stdout, "raw/stderr.txt": exc.stderr})
                 raise
             except _STAGE_ERRORS as exc:
                 category, raw = failure(exc)
