@@ -125,11 +125,47 @@ def main(ctx: click.Context, verbose: bool, results_dir: Optional[str]) -> None:
 
 def _signals_as_interrupt() -> None:
     """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the SSH session to the controller dropped) unwind like
-    Ctrl-C, so devices are restored and the sweep is recorded KILLED (a later run resumes it under its parent)."""
+    Ctrl-C, so devices are restored and the sweep is recorded KILLED (a later run resumes it under its parent).
+
+    Only the first one interrupts: when an SSH session drops, the kernel and then the login shell each send SIGHUP,
+    and a second KeyboardInterrupt raised while the first unwinds would cut the recording of the KILLED runs short
+    (leaving them RUNNING). After a hang-up the terminal is gone and every write to it fails (EIO), so jbench's
+    output then goes to /dev/null instead of ending the unwinding in a traceback."""
     import signal
 
+    terminals = [fd for fd in (0, 1, 2) if _isatty(fd)]
+    unwinding: list[int] = []
+
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        if signum == signal.SIGHUP:
+            _drop_lost_terminal(terminals)
+        if unwinding:
+            logging.getLogger("jbench").info("signal %d while unwinding from signal %d: ignored", signum,
+                                             unwinding[0])
+            return
+        unwinding.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)  # the runs' failure reason names it
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _drop_lost_terminal(terminals: list[int]) -> None:
+    """Point the standard streams that were a terminal and no longer are (hung up: its ioctls fail) at /dev/null.
+    A terminal that still answers (`kill -HUP` from elsewhere) keeps jbench's output."""
+    gone = [fd for fd in terminals if not _isatty(fd)]
+    if not gone:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in gone:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

@@ -277,7 +277,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
         return
 
     try:
-        store = check_store(plan_.tracking, plan_.experiment)
+        store = check_store(plan_.tracking, plan_.experiment, len(plan_.trials))
     except SweepInputError as exc:
         raise _fail(str(exc)) from None
     if store.spool:
@@ -310,6 +310,9 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
     for note in sorted({n for o in result.outcomes for n in o.notes}):  # said once per sweep, not once per trial
         err_console.print(f"[yellow]energy not measured:[/] {escape(note)}", highlight=False, soft_wrap=True)
     t = result.tracker
+    if t is not None and getattr(t, "disk_full", False):  # the last trial filled the disk: its record is spooled
+        raise _fail(f"disk full: {t.shown_uri} has no space left; what was measured is kept in the spool "
+                    f"{t.spool_uri}: free some space and run the same command again (it uploads the spool)")
     if t is not None and getattr(t, "spooling", None) is not None:
         console.print(f"results: spooled in {t.spool_uri} (experiment '{escape(result.experiment)}') because "
                       f"{t.shown_uri} did not answer; `jbench sync` uploads them once it is back",
@@ -453,6 +456,7 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
     def say(msg: str) -> None:
         console.print(f"[cyan]setup[/] {msg}", highlight=False)
 
+    _signals_as_interrupt()
     try:
         cfg, _ = compose(list(overrides), user_config_dirs(list(config_dirs)))
         model = typed(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), where="model")
@@ -470,5 +474,9 @@ def setup(overrides, config_dirs, cuda: Optional[bool], jobs: Optional[int], for
                         say(f"  {quant:<7} {entry['path']}  ({note})")
     except (ConfigError, SetupError) as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted: what was built is kept; `jbench setup` resumes from there[/]",
+                          highlight=False)
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     say(f"ready in {time.monotonic() - started:.0f} s. Next: jbench sweep +experiment=quant_ladder")
 

@@ -12,7 +12,8 @@ import click
 from jbench.cli.app import _fail, common_options, console, err_console, main
 from jbench.core.exitcodes import ExitCode
 from jbench.tracking.common import (artifacts_root, database_problem, is_remote, local_path, redact, resolve_uri,
-                                    runs_view_url, server_problem, spool_dir, store_exists, writable_problem)
+                                    runs_view_url, server_problem, spool_dir, store_exists, writable_problem,
+                                    disk_spool_dir)
 
 
 def _results_dir(results_dir: Optional[str]) -> str:
@@ -517,8 +518,17 @@ def sync(uri: Optional[str], results_dir: Optional[str]) -> None:
     if problem:
         raise _fail(problem)
     results = _results_dir(results_dir)
+    home = None
+    if (disk_spool_dir(results) / "mlflow.db").exists() and not given:  # what a full disk sent to jbench's cache
+        from jbench.tracking.sync import sync_disk_spool
+
+        home = sync_disk_spool(results)
+        if home is not None:
+            console.print(f"uploaded {len(home.uploaded)} run(s) measured while the disk was full into "
+                          f"{redact(home.uri)}", highlight=False)
     if not (spool_dir(results) / "mlflow.db").exists():
-        console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
+        if home is None:
+            console.print(f"nothing to sync: no spool in {spool_dir(results)}", highlight=False)
         return
     from jbench.tracking.sync import SyncError, sync as run_sync, target_uri
 

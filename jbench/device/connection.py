@@ -21,6 +21,15 @@ class CommandTimeout(DeviceError):
     pass
 
 
+class CommandInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM/SIGHUP turned into one) while a command ran: it was ended, and what it had printed so far
+    goes with the interruption (an interrupted trial keeps it, as a failed one keeps its output)."""
+
+    def __init__(self, *args: object, stdout: str = "", stderr: str = ""):
+        super().__init__(*args)
+        self.stdout, self.stderr = stdout, stderr
+
+
 class ConnectionLost(DeviceError):
     """The connection dropped while a command ran (device rebooted, crashed, network)."""
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jbench.device.connection import CommandResult, CommandTimeout, Connection
+from jbench.device.connection import CommandInterrupted, CommandResult, CommandTimeout, Connection
 
 
 # How long a process group gets to exit after SIGTERM before SIGKILL.
@@ -232,7 +232,14 @@ class LocalConnection(Connection):
             end_process_group(proc)
             raise CommandTimeout(f"{shlex.join(argv)} did not finish within {timeout:g} s "
                                  "(its process group was ended)") from exc
-        except BaseException:  # KeyboardInterrupt: Ctrl-C, or SIGTERM turned into one by the CLI
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP turned into one by the CLI
+            end_process_group(proc)
+            try:  # what it printed until then (communicate keeps what it read; the pipes are at their end now)
+                out, err = proc.communicate(timeout=5)
+            except BaseException:
+                raise exc from None
+            raise CommandInterrupted(*exc.args, stdout=out or "", stderr=err or "") from None
+        except BaseException:
             end_process_group(proc)
             raise
         finally:

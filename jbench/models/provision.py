@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -44,15 +45,45 @@ class SetupError(Exception):
 # llama.cpp
 
 
+class SetupInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGTERM, SIGHUP) stopped a build step; what it built stays for the next run to resume."""
+
+
 def _run_logged(argv: list[str], log_path: Path, cwd: Optional[Path] = None, env: Optional[dict] = None) -> None:
-    """Run a build step, appending its output to log_path; on failure show the log's tail."""
+    """Run a build step, appending its output to log_path; on failure show the log's tail.
+
+    The step runs in its own process group and jbench hands it an interruption as Ctrl-C (SIGINT to the group),
+    waits for it to stop and raises SetupInterrupted: an interrupted step is never reported as a failed one, and
+    the compiler stops where it is (no half-written object survives: ninja and make delete the file being built)."""
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt as exc:
+            _stop_group(proc)
+            log.write(f"\n(interrupted: {exc.args[0] if exc.args else 'Ctrl-C'})\n")
+            raise SetupInterrupted(*exc.args) from None
+    if code != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
-        raise SetupError(f"`{' '.join(argv[:3])} ...` failed (exit {proc.returncode}); full log: {log_path}\n{tail}")
+        raise SetupError(f"`{' '.join(argv[:3])} ...` failed (exit {code}); full log: {log_path}\n{tail}")
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Ctrl-C to a build step's process group, then SIGKILL if it has not stopped within 30 s."""
+    for sig, grace in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:  # a second Ctrl-C while it stops: stop it at once
+            continue
 
 
 def fetch_sdist(say: Say) -> Path:
@@ -211,12 +242,15 @@ def build_llamacpp(cuda: Optional[bool], jobs: Optional[int], force: bool, say: 
             say(f"llama.cpp {commit} ({flavor}) already built in {info['bin_dir']}")
             _set_active(info)
             return info
-    if root.exists():
+    resuming = root.exists() and not force
+    if root.exists() and force:
         shutil.rmtree(root)
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     args = cmake_args(commit, use_cuda)
     jobs = jobs or os.cpu_count() or 2
+    if resuming:  # an earlier build stopped (Ctrl-C, a failure): CMake and ninja/make go on from what it compiled
+        say(f"resuming the unfinished build in {root} (`jbench setup --force` starts it over)")
     say(f"building {', '.join(TARGETS)} from llama.cpp {commit} with {jobs} jobs (log: {log}); this takes minutes")
     started = time.monotonic()
     bin_dir = compile_llamacpp(src, root, args, TARGETS, jobs, log)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol
 
+from jbench.core.errors import UserError
 from jbench.core.identity import HASH_VERSION, identity_params
 from jbench.core.results import Result
 from jbench.core.trial import Trial
@@ -94,6 +95,8 @@ class RunHandle:
 
     run_id: Optional[str] = None
     killed: bool = False  # Ctrl-C ended it: nothing more is written to it
+    # An interrupted trial's artifacts so far (config.yaml, trial.log, what its stages kept): written as it is KILLED.
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,13 +135,24 @@ class Recorder:
 
     # -- the writer ------------------------------------------------------------------------------------
 
+    def _raise(self) -> None:
+        """What the writer could not do, raised on the trial path: a UserError (a full disk) as itself (one line)."""
+        if isinstance(self._error, UserError):
+            raise self._error
+        raise WriterError(f"the results store failed: {self._error}") from self._error
+
+    @property
+    def disk_full(self) -> bool:
+        """The store's disk filled: what is measured goes to the spool, and a workflow starts no further trial."""
+        return bool(getattr(self.tracker, "disk_full", False))
+
     def _submit(self, fn: Callable[[Tracker], None], *, create: bool = False) -> None:
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
         if not self._write_behind:
             self._run_one(fn)
             if self._error is not None:
-                raise WriterError(f"the results store failed: {self._error}") from self._error
+                self._raise()
             return
         with self._cond:
             if self._thread is None:
@@ -182,7 +196,7 @@ class Recorder:
                     raise RuntimeError("flush() while a quiet() measurement is in progress")
                 self._cond.wait(0.5)
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
 
     def close(self) -> None:
         """Finish the queued writes, end the writer (errors stay for flush())."""
@@ -282,7 +296,8 @@ class Recorder:
         self._submit(end)
 
     def kill_sweep(self, handles: list[RunHandle], reason: str) -> None:
-        """Ctrl-C: the open trial runs and the parent end KILLED; nothing more is written to them."""
+        """Ctrl-C: the open trial runs and the parent end KILLED with what each kept (RunHandle.kept); nothing more is
+        written to them."""
         for h in handles:
             h.killed = True
         parent = self.sweep.parent
@@ -291,9 +306,10 @@ class Recorder:
             for h in handles:
                 if h.run_id:
                     t.log(h.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
+                    t.log_texts(h.run_id, {k: v for k, v in h.kept.items() if v})
                     t.end_run(h.run_id, "KILLED")
-            if parent.run_id:
-                t.log(parent.run_id, tags={"jbench.status": "KILLED"})
+            if parent.run_id:  # the reason: what a resume records as jbench.resumed_after
+                t.log(parent.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
                 t.end_run(parent.run_id, "KILLED")
 
         self._submit(kill)
@@ -325,7 +341,7 @@ class Recorder:
             while handle.run_id is None and self._error is None:
                 self._cond.wait(0.5)
         if self._error is not None:
-            raise WriterError(f"the results store failed: {self._error}") from self._error
+            self._raise()
         return handle
 
     def measured(self, handle: RunHandle, record: Result) -> None:

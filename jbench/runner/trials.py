@@ -21,8 +21,8 @@ import yaml
 from jbench.backends.base import BackendError
 from jbench.core.identity import trial_identity
 from jbench.core.results import Category, Finding, Result, Status
-from jbench.core.trial import Trial
-from jbench.device.connection import ConnectionLost, DeviceError
+from jbench.core.trial import Trial, TrialConfig
+from jbench.device.connection import CommandInterrupted, ConnectionLost, DeviceError
 from jbench.device.power import PowerStateError
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.runner.context import TrialContext, TrialLog
@@ -238,6 +238,31 @@ class TrialRunner:
         cfg = run_as.cfg
         artifacts = {"config.yaml": yaml.safe_dump(run_as.config, sort_keys=False)}
         quiet = self.recorder.quiet if session.connection.is_local else None
+        try:
+            self._stages(run_as, cfg, session, outcome, tlog, artifacts, quiet, started)
+        except (KeyboardInterrupt, Stopped) as exc:
+            # Interrupted: the workflow ends the run KILLED; what is known so far goes with it, as a FAILED run's does.
+            why = exc.args[0] if exc.args else "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "the workflow stopped"
+            tlog.logger.warning("interrupted (%s) after %.1f s", why, time.monotonic() - started)
+            artifacts["trial.log"] = tlog.text()
+            tlog.close()
+            outcome.run.kept = artifacts
+            raise
+        outcome.wall_s = time.monotonic() - started
+        artifacts["trial.log"] = tlog.text()
+        tlog.close()
+        end_tags: dict[str, Any] = {}
+        if outcome.retries:
+            end_tags["jbench.retries"] = outcome.retries
+        if outcome.error:
+            end_tags.update({"jbench.failure_reason": outcome.error[:5000],
+                             "jbench.failure_category": str(outcome.category)})
+        self.recorder.finish(outcome.run, str(outcome.status), end_tags, artifacts)
+
+    def _stages(self, run_as: Trial, cfg: TrialConfig, session: DeviceSession, outcome: TrialOutcome, tlog: TrialLog,
+                artifacts: dict[str, str], quiet: Optional[Callable], started: float) -> None:
+        """The stages of one attempt, retried in the same run after a lost connection; fills `outcome` and
+        `artifacts` (a stage's record is merged in as it finishes or fails)."""
         while True:
             ctx = TrialContext(run_as, cfg, session, session.backend(cfg.backend), tlog.logger, max_cv=self.max_cv)
             if quiet is not None:
@@ -246,9 +271,15 @@ class TrialRunner:
                 for stage in self.stages:
                     if stage.applies(ctx):
                         stage.run(ctx)
+            except KeyboardInterrupt as exc:
+                artifacts.update(ctx.record.artifacts)  # what the stages kept before the interruption
+                if isinstance(exc, CommandInterrupted):  # the command's output up to the interruption
+                    artifacts.update({"raw/stdout.txt": exc.stdout, "raw/stderr.txt": exc.stderr})
+                raise
             except _STAGE_ERRORS as exc:
                 category, raw = failure(exc)
                 if self.stop.is_set():  # Ctrl-C closed the unit's connection: no retry, nothing re-applied
+                    artifacts.update({**ctx.record.artifacts, **raw})  # the output up to the interruption
                     raise Stopped() from exc
                 if category == Category.CONNECTION_LOST and outcome.retries < self.retries:
                     outcome.retries += 1
@@ -279,13 +310,3 @@ class TrialRunner:
             self.recorder.measured(outcome.run, record)
             artifacts.update(record.artifacts)
             break
-        outcome.wall_s = time.monotonic() - started
-        artifacts["trial.log"] = tlog.text()
-        tlog.close()
-        end_tags: dict[str, Any] = {}
-        if outcome.retries:
-            end_tags["jbench.retries"] = outcome.retries
-        if outcome.error:
-            end_tags.update({"jbench.failure_reason": outcome.error[:5000],
-                             "jbench.failure_category": str(outcome.category)})
-        self.recorder.finish(outcome.run, str(outcome.status), end_tags, artifacts)

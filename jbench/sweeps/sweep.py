@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
+from jbench.core.errors import UserError
 from jbench.core.exitcodes import ExitCode
 from jbench.core.protocol import PROTOCOL_VERSION
 from jbench.core.provenance import JBENCH_VERSION, git_sha
@@ -37,8 +38,8 @@ from jbench.runner.trials import (Preflight, PreflightError, TrialIdentity, Tria
                                   preflight)
 from jbench.runner.units import Units, UnitsError, take_units
 from jbench.sweeps.plan import Plan
-from jbench.tracking.common import (database_problem, redact, resolve_uri, server_problem, spool_dir, store_exists,
-                                    store_problem)
+from jbench.tracking.common import (database_problem, disk_spool_dir, local_path, out_of_room, redact, resolve_uri,
+                                    server_problem, spool_dir, store_exists, store_problem)
 from jbench.tracking.resume_index import finished_trials_sqlite
 
 log = logging.getLogger("jbench")
@@ -173,6 +174,7 @@ class _Sweep:
         self.scheduler: Scheduler = Scheduler()
         self.outcomes: list[TrialOutcome] = []
         self.ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
+        self.uri = ""  # the store written (set by _run)
 
     # -- the whole sweep -----------------------------------------------------------------------------
 
@@ -275,8 +277,22 @@ class _Sweep:
 
         return finished_trials(uri, exp_name, key="identity")
 
+    def _upload_disk_spool(self, uri: str) -> None:
+        """Trials a full disk sent to the spool in jbench's cache go into their local store first, so resume sees
+        them (finished: not measured again; their parent: the KILLED sweep to go on with)."""
+        if local_path(uri) is None or not (disk_spool_dir(self.plan.tracking.results_dir) / "mlflow.db").exists():
+            return
+        from jbench.tracking.sync import sync_disk_spool  # imports mlflow: only when there is such a spool
+
+        result = sync_disk_spool(self.plan.tracking.results_dir)
+        if result is not None and result.uploaded:
+            self.notes.append(f"{len(result.uploaded)} run(s) measured while the disk was full were uploaded from "
+                              f"the spool into {redact(uri)}")
+
     def _run(self, uri: str, exp_name: str) -> SweepOutcome:
+        self.uri = uri
         runnable = self._preflight(self.plan.trials)
+        self._upload_disk_spool(uri)
         done = self._finished(uri, exp_name)
         if not [t for t in runnable if self.resume_key(t) not in done]:
             # Nothing to do: no lease taken, no power state touched, no empty sweep run recorded.
@@ -343,16 +359,24 @@ class _Sweep:
                 self._run_pool(trials, done, runner)
             else:
                 self.scheduler.serial(trials, lambda t: self._one(t, t, done, runner, None))
-        except (KeyboardInterrupt, Stopped):
+        except (KeyboardInterrupt, Stopped) as exc:
             self.scheduler.stop.set()
+            reason = str(exc) if isinstance(exc, StoreFull) else interrupted_by(exc)
             with self.scheduler.lock:  # no worker starts or finishes a run after this
                 running = [o for o in runner.running.values()]
-                recorder.kill_sweep([o.run for o in running if o.run is not None], "interrupted (Ctrl-C)")
+                recorder.kill_sweep([o.run for o in running if o.run is not None], reason)
                 for o in running:
                     o.status = Status.KILLED
                     self.outcomes.append(o)
             self.scheduler.wait_for_workers(lambda: [s.interrupt() for s in self.sessions.values()])
             recorder.close()
+            if isinstance(exc, StoreFull):
+                with contextlib.suppress(Exception):  # the writes of the trials so far: into the store, or the spool
+                    recorder.flush()
+                kept = (f"what was measured is kept in the spool {recorder.tracker.spool_uri}"
+                        if recorder.disk_full else "every trial measured so far is recorded")
+                raise StoreFull(f"{exc}; the sweep stopped and {kept}. Free some space and run the same command "
+                                "again: it resumes the sweep") from None
             raise KeyboardInterrupt() from None
         record = recorder.sweep  # filled in by the writer: read once flushed
         n_failed = sum(o.status == Status.FAILED for o in self.outcomes)
@@ -381,6 +405,10 @@ class _Sweep:
     def _one(self, trial: Trial, run_as: Trial, done: dict[str, dict], runner: TrialRunner,
              unit: Optional[str]) -> TrialOutcome:
         """Run (or skip) one trial on its device; report it; remember an out-of-memory failure."""
+        # Nothing more can be recorded where it belongs: stop before measuring (the store's own error may come later).
+        full = "no space left" if runner.recorder.disk_full else out_of_room(self.uri)
+        if full:
+            raise StoreFull(f"disk full: {redact(self.uri)}: {full}")
         with self.scheduler.lock:
             self.on_trial_start(run_as)
         skipped = self._skipped(trial, done if unit is None else {}, run_as)
@@ -477,6 +505,17 @@ class _Sweep:
         return None
 
 
+class StoreFull(Stopped, UserError):
+    """The results store's disk filled mid-sweep: the trials measured so far are in the spool (disk_spool_dir), no
+    further trial starts, and the command ends with one line (exit 2)."""
+
+
+def interrupted_by(exc: BaseException) -> str:
+    """The failure reason of a run ended by an interruption: the signal when one was named (SIGTERM, SIGHUP)."""
+    name = exc.args[0] if isinstance(exc, KeyboardInterrupt) and exc.args else "Ctrl-C"
+    return f"interrupted ({name})"
+
+
 # -- what the CLI and other callers use before and around a sweep ---------------------------------------------
 
 
@@ -527,16 +566,17 @@ def check_store_uri(tracking: Any) -> str:
     return uri
 
 
-def check_store(tracking: Any, experiment: str) -> Store:
-    """The URI is one MLflow can open (check_store_uri), the results directory and store can be written, a tracking
-    server answers (else tracking.unreachable decides: stop with SweepInputError, or spool), and the experiment was
-    not written by a newer jbench. `tracking`: the plan's TrackingConfig; `experiment`: the MLflow experiment."""
+def check_store(tracking: Any, experiment: str, trials: int = 1) -> Store:
+    """The URI is one MLflow can open (check_store_uri), the results directory and store can be written and have
+    room for `trials` trials, a tracking server answers (else tracking.unreachable decides: stop with
+    SweepInputError, or spool), and the experiment was not written by a newer jbench. `tracking`: the plan's
+    TrackingConfig; `experiment`: the MLflow experiment."""
     uri = check_store_uri(tracking)
     shown = redact(uri)
-    problem = store_problem(uri, tracking.results_dir)
+    problem = store_problem(uri, tracking.results_dir, trials)
     if problem:
-        raise SweepInputError(f"cannot write results: {problem}. Set tracking.results_dir (or $JBENCH_RESULTS_DIR) "
-                              "to a writable directory")
+        raise SweepInputError(f"cannot write results: {problem}. Free some space there, or set tracking.results_dir "
+                              "(or $JBENCH_RESULTS_DIR) to a writable directory with room")
     if tracking.unreachable not in ("stop", "spool"):
         raise SweepInputError(f"tracking.unreachable={tracking.unreachable}: use stop or spool")
     down = server_problem(uri, wait_s=tracking.server_wait_s)

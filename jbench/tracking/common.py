@@ -7,10 +7,12 @@ so the checks before a sweep cost milliseconds.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import math
 import os
+import shutil
 import socket
 import sqlite3
 import tempfile
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import unquote
 
+from jbench.core.paths import cache_dir
 from jbench.core.schema import TrackingConfig
 
 # MLflow 3 sends usage telemetry of its own by default; jbench does not phone home for its users.
@@ -106,6 +109,17 @@ def local_uri(results_dir: str | Path) -> str:
 
 def spool_dir(results_dir: str | Path) -> Path:
     return Path(results_dir).expanduser().resolve() / SPOOL_DIR
+
+
+DISK_FULL = "disk full"  # Tracker.spooling when a local store's disk filled
+
+
+def disk_spool_dir(results_dir: str | Path) -> Path:
+    """Where a local store's writes go when its disk is full: a spool in jbench's cache directory (another
+    filesystem, usually: the user's home, not a results disk), one per results directory. The next sweep on that
+    store uploads it first (`jbench sync` does too)."""
+    key = hashlib.sha256(str(Path(results_dir).expanduser().resolve()).encode()).hexdigest()[:16]
+    return cache_dir() / "spool" / key
 
 
 def is_remote(uri: str) -> bool:
@@ -295,6 +309,83 @@ def writable_problem(path: str | Path, *, directory: bool = True) -> Optional[st
     return None
 
 
+# What a store needs on disk, measured with the embedded default (MLflow 3, `jbench sweep +experiment=quant_ladder
+# backend.n_prompt=16 backend.n_gen=32 backend.repetitions=3`): a new, empty mlflow.db is 954,368 bytes; each trial
+# then added about 25 kB to the database (params, tags, metrics) and 20-24 kB of artifacts beside it. A Jetson's
+# telemetry series add more, so the per-trial figure is a floor.
+NEW_STORE_BYTES = 954_368
+TRIAL_BYTES = 50_000
+
+
+def disk_full(exc: Optional[BaseException]) -> bool:
+    """True when `exc` (or what caused it) says the disk is full: ENOSPC/EDQUOT, or SQLite's "database or disk is
+    full" (SQLAlchemy wraps it)."""
+    import errno
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "database or disk is full" in str(exc) or "No space left on device" in str(exc):
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return False
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_space(path: str | Path) -> str:
+    """How much room the filesystem holding `path` (or its nearest existing parent) has, in words."""
+    try:
+        free = shutil.disk_usage(_existing(Path(path))).free
+    except OSError as exc:
+        return f"free space unknown: {exc.strerror or exc}"
+    return f"{_size(free)} free on the filesystem of {path}"
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def space_problem(db: Path, trials: int) -> Optional[str]:
+    """Why the filesystem of a local store `db` has no room for a sweep of `trials` trials (a new store, if there is
+    none yet, plus TRIAL_BYTES each), or None."""
+    need = (0 if db.exists() else NEW_STORE_BYTES) + max(trials, 1) * TRIAL_BYTES
+    try:
+        free = shutil.disk_usage(_existing(db.parent)).free
+    except OSError:
+        return None  # nothing to measure with: the write checks still stand
+    if free >= need:
+        return None
+    what = "a new results store and " if not db.exists() else ""
+    return (f"only {_size(free)} free on the filesystem of {db.parent}; {what}{max(trials, 1)} trial(s) need about "
+            f"{_size(need)} ({'a new store takes ' + _size(NEW_STORE_BYTES) + ', ' if not db.exists() else ''}"
+            f"each trial at least {_size(TRIAL_BYTES)})")
+
+
+def out_of_room(uri: str) -> Optional[str]:
+    """Why a local store's filesystem cannot take one more trial (less than TRIAL_BYTES free), or None (a server, or
+    room enough). Asked before each trial: the store's writes trail the measurements, so its own error comes late."""
+    db = local_path(uri)
+    if db is None:
+        return None
+    try:
+        free = shutil.disk_usage(_existing(db.parent)).free
+    except OSError:
+        return None
+    return f"only {_size(free)} free on the filesystem of {db.parent}" if free < TRIAL_BYTES else None
+
+
 def _artifact_locations(db: Path) -> list[str]:
     """The `file:` artifact locations of a local store's experiments (read-only, no MLflow)."""
     try:
@@ -308,13 +399,16 @@ def _artifact_locations(db: Path) -> list[str]:
     return [r[0] for r in rows if r[0] and str(r[0]).startswith("file:")]
 
 
-def store_problem(uri: str, results_dir: str | Path) -> Optional[str]:
-    """Why a sweep cannot write to a local store (the results directory, the database, the artifact
-    locations of its experiments), or None. A server is checked by `server_problem`."""
+def store_problem(uri: str, results_dir: str | Path, trials: int = 1) -> Optional[str]:
+    """Why a sweep of `trials` trials cannot write to a local store (the results directory, the database, the
+    artifact locations of its experiments, the room on its filesystem), or None. A server is checked by
+    `server_problem`."""
     db = local_path(uri)
     if db is None:
         return writable_problem(spool_dir(results_dir))  # where the spool would go if the server dies
     problem = writable_problem(db.parent)
+    if problem is None and uri.startswith("sqlite:"):
+        problem = space_problem(db, trials)
     if problem is None and db.exists() and uri.startswith("sqlite:"):
         problem = writable_problem(db, directory=False)
     if problem is None and uri.startswith("sqlite:"):

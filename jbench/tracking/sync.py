@@ -9,6 +9,7 @@ repeated, so an interrupted sync is finished by running it again.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 import jbench.tracking.artifacts  # noqa: F401  (the spool's mlflow-artifacts:/ locations)
-from jbench.tracking.common import _BATCH, RUN_UID_TAG, SYNCED_TAG, local_uri, redact, server_problem, spool_dir
-from jbench.tracking.writer import PARENT_UID_TAG, SPOOLED_FOR_TAG, unreachable
+from jbench.tracking.common import (_BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, SYNCED_TAG, disk_full, disk_spool_dir,
+                                    free_space, is_remote, local_uri, redact, server_problem, spool_dir)
+from jbench.tracking.writer import PARENT_UID_TAG, SPOOLED_FOR_TAG, StoreError, unreachable
 
 
 class SyncError(Exception):
@@ -71,9 +73,14 @@ def target_uri(results_dir: str | Path, uri: Optional[str]) -> str:
                     + (f" (the spool holds runs for {', '.join(sorted(targets))})" if targets else ""))
 
 
-def sync(results_dir: str | Path, uri: str, progress: Callable[[str], None] = lambda step: None) -> SyncResult:
-    """Upload every spool run not yet synced to the server at `uri`. `progress` is told each step."""
-    spool = spool_store(results_dir)
+def sync(results_dir: str | Path, uri: str, progress: Callable[[str], None] = lambda step: None, *,
+         spool_at: Optional[Path] = None) -> SyncResult:
+    """Upload every spool run not yet synced to the server at `uri`. `progress` is told each step. `spool_at`: another
+    spool directory than the results directory's (a full disk's, disk_spool_dir)."""
+    if spool_at is not None:
+        spool = local_uri(spool_at) if (spool_at / "mlflow.db").exists() else None
+    else:
+        spool = spool_store(results_dir)
     result = SyncResult(uri)
     if spool is None:
         return result
@@ -99,7 +106,9 @@ def _sync(local: MlflowClient, server: MlflowClient, result: SyncResult, progres
         if not runs:
             continue
         server_exp = server.get_experiment_by_name(exp.name)
-        exp_id = server_exp.experiment_id if server_exp else server.create_experiment(exp.name)
+        # Into a local store (a full disk's spool going home): artifacts beside that store, as the writer makes them.
+        location = None if is_remote(server.tracking_uri) else LOCAL_ARTIFACTS + exp.name
+        exp_id = server_exp.experiment_id if server_exp else server.create_experiment(exp.name, location)
         for key, value in exp.tags.items():
             server.set_experiment_tag(exp_id, key, value)
         # Parents before children, so a child links to its parent's run id on the server.
@@ -170,3 +179,25 @@ def _upload(local: MlflowClient, server: MlflowClient, exp_id: str, run, by_id: 
     progress(f"artifacts of {run.info.run_name}")
     server.set_terminated(server_id, status=run.info.status, end_time=run.info.end_time)
     return server_id
+
+
+def sync_disk_spool(results_dir: str | Path, progress: Callable[[str], None] = lambda step: None
+                    ) -> Optional[SyncResult]:
+    """Upload what a full disk sent to the spool in jbench's cache (disk_spool_dir) into the local store it was meant
+    for, once there is room again; the spool is removed when everything in it is uploaded. None: no such spool.
+    Raises StoreError (one line) when the disk is still full."""
+    spool = disk_spool_dir(results_dir)
+    if not (spool / "mlflow.db").exists():
+        return None
+    uri = local_uri(results_dir)
+    try:
+        result = sync(results_dir, uri, progress, spool_at=spool)
+    except Exception as exc:
+        if not disk_full(exc):
+            raise
+        raise StoreError(f"disk full: the runs measured while {uri} had no space left wait in the spool {spool}, and "
+                         f"there is still no room for them ({free_space(results_dir)}). Free some space and run "
+                         "again") from None
+    if not result.running:
+        shutil.rmtree(spool, ignore_errors=True)
+    return result

@@ -20,24 +20,36 @@ already has). That is all it takes to be journaled and spooled. A write to an ex
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import shutil
+import sqlite3
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+import sqlalchemy
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 import jbench.tracking.artifacts  # noqa: F401  (local stores' mlflow-artifacts:/ locations)
+from jbench.core.errors import UserError
 from jbench.core.protocol import STORE_FORMAT_TAG
 from jbench.tracking.format import check_tag, format_to_write
 from jbench.tracking.resume_index import sqlite_path
 from jbench.tracking.common import (
-    _BATCH, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, is_remote, local_uri, param_value, redact, resolve_uri, spool_dir,
+    _BATCH, DISK_FULL, LOCAL_ARTIFACTS, RUN_UID_TAG, _finite, disk_full, disk_spool_dir, free_space, is_remote,
+    local_uri, param_value, redact, resolve_uri, spool_dir,
 )
+
+log = logging.getLogger("jbench")
+# MLflow's SQL store logs every database error with its traceback before raising it; jbench handles what it raises
+# (a full disk: the spool and one line), so that log stays quiet unless -v asks for MLflow's debug logs.
+if not logging.getLogger("mlflow").isEnabledFor(logging.DEBUG):
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 PARENT_UID_TAG = "jbench.parent_uid"  # the parent's identity: sync links a child to its parent on the server
 SPOOLED_FOR_TAG = "jbench.spooled_for"  # on a spool run: the server it was meant for
@@ -47,11 +59,23 @@ _DOWN_MARKERS = ("Max retries exceeded", "Connection refused", "Failed to establ
                  "RemoteDisconnected", "Read timed out", "too many 50", "Connection reset", "timed out")
 
 
+class StoreError(UserError):
+    """The results store cannot be created, completed or written (a full disk): one line naming the fix, exit 2."""
+
+
+def _why(exc: BaseException) -> str:
+    """What a failed store write says, in a few words: "no space left on the device" for a full disk."""
+    if disk_full(exc):
+        return "no space left on the device"
+    return str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+
+
 def create_sqlite_store(path: Path) -> None:
     """A new SQLite store, made whole or not at all: MLflow creates its tables and runs its migrations in a file
-    beside `path`, which is then linked into place. A controller killed meanwhile (SIGKILL, power loss) leaves a
-    stray temporary file, never a half-migrated store on which every later command fails. Two controllers creating
-    the same store at once: the first link wins, the other's file is dropped."""
+    beside `path`, which is then linked into place. A controller killed meanwhile (SIGKILL, power loss) or a disk that
+    fills leaves a stray temporary file at most, never a half-migrated store on which every later command fails (a
+    full disk: StoreError, the temporary file removed). Two controllers creating the same store at once: the first
+    link wins, the other's file is dropped."""
     from mlflow.tracking._tracking_service.utils import _get_store
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.creating")
@@ -62,8 +86,72 @@ def create_sqlite_store(path: Path) -> None:
             os.link(tmp, path)  # no overwrite: a store someone else finished first stays
         except FileExistsError:
             pass
+    except Exception as exc:
+        if not disk_full(exc) and not isinstance(exc, OSError):
+            raise
+        tmp.unlink(missing_ok=True)  # before the free space is measured for the message
+        raise StoreError(f"cannot create the results store {path}: {_why(exc)} ({free_space(path.parent)}); "
+                         "nothing was recorded. Free some space there, or set tracking.results_dir (or "
+                         "$JBENCH_RESULTS_DIR) to a directory with room") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def complete_sqlite_store(path: Path) -> None:
+    """An existing SQLite store whose schema is behind what MLflow needs (its creation or an upgrade stopped part
+    way, e.g. by a full disk under an earlier jbench or MLflow) is completed on a copy beside it, which then replaces
+    it: the store is whole before and after, never half. StoreError (one line) when it cannot be completed; a store
+    of a newer MLflow is refused the same way."""
+    from mlflow.store.db import utils as db_utils
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            row = con.execute("SELECT version_num FROM alembic_version").fetchone() \
+                if "alembic_version" in tables else None
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"the results store {path} is not an SQLite database MLflow can read ({exc}): move it away "
+                         "(a new store is made in its place) or point tracking.results_dir elsewhere") from None
+    current, head = (row[0] if row else None), db_utils._get_latest_schema_revision()
+    if current == head:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.completing")
+    try:
+        shutil.copy2(path, tmp)
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+        try:
+            if db_utils._all_tables_exist(engine):
+                db_utils._upgrade_db(engine)
+            else:
+                db_utils._initialize_tables(engine)  # the tables a stopped creation lacks, then the migrations
+        finally:
+            engine.dispose()
+        os.replace(tmp, path)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)  # before the free space is measured for the message
+        if "Can't locate revision" in str(exc):
+            import mlflow
+
+            raise StoreError(f"the results store {path} was written by a newer MLflow (schema {current}, unknown to "
+                             f"MLflow {mlflow.__version__} here): read it with the jbench that wrote it") from None
+        raise StoreError(f"the results store {path} is incomplete (its creation or upgrade stopped at schema "
+                         f"{current or 'none'}; MLflow needs {head}) and could not be completed: {_why(exc)} "
+                         f"({free_space(path.parent)}). Free some space there and run jbench again (it completes the "
+                         "store), or move the store away") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.warning("completed the results store %s (schema %s -> %s)", path, current, head)
+
+
+def open_sqlite_store(path: Path) -> None:
+    """The local store at `path` made (whole) when missing, completed when an earlier creation stopped part way."""
+    if os.path.exists(path):
+        complete_sqlite_store(path)
+    else:
+        create_sqlite_store(path)
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -105,7 +193,7 @@ def experiment_write(fn: Callable) -> Callable:
             try:
                 return fn(self, experiment_id, *args, **kwargs)
             except Exception as exc:
-                if not (self._remote and unreachable(exc)):
+                if not self._lost(exc):
                     raise
                 self._fail_over(exc)
         return fn(self, self._spool_experiment(experiment_id), *args, **kwargs)
@@ -129,10 +217,13 @@ class Tracker:
         self._spool_runs: set[str] = set()  # runs created in the spool
         self._clock: Optional[int] = None  # the original time of the write being replayed
         if self.uri.startswith("sqlite:"):
-            self.results_dir.mkdir(parents=True, exist_ok=True)
             path = sqlite_path(self.uri)
-            if path is not None and not os.path.exists(path):
-                create_sqlite_store(Path(path))
+            try:
+                self.results_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create {self.results_dir}: {_why(exc)}") from None
+            if path is not None:
+                open_sqlite_store(Path(path))
         self.client = MlflowClient(tracking_uri=self.uri)
         self._local_store = self.uri.startswith(("sqlite:", "file:")) or "://" not in self.uri
         if spool:
@@ -157,7 +248,7 @@ class Tracker:
                 self._experiments[exp_id] = name
                 return exp_id
             except Exception as exc:
-                if not (self._remote and unreachable(exc)):
+                if not self._lost(exc):
                     raise
                 self._fail_over(exc)
         return _SPOOL_PREFIX + self._experiment_id(name)
@@ -196,7 +287,7 @@ class Tracker:
             try:
                 run_id = self._create(*creation)
             except Exception as exc:
-                if not (self._remote and unreachable(exc)):
+                if not self._lost(exc):
                     raise
                 self._fail_over(exc)
         if run_id is None:
@@ -233,7 +324,7 @@ class Tracker:
                 try:
                     result = fn(self, run_id, *args, **kwargs)
                 except Exception as exc:
-                    if not (self._remote and unreachable(exc)):
+                    if not self._lost(exc):
                         raise
                     self._fail_over(exc)  # replays the journal; this write follows in the spool
                     self._clock = at
@@ -252,15 +343,35 @@ class Tracker:
         finally:
             self._clock = None
 
+    def _lost(self, exc: BaseException) -> bool:
+        """The store stopped taking writes in a way the spool covers: a server that does not answer, or a local store
+        whose disk is full (its spool then lives on another filesystem: disk_spool_dir)."""
+        return (self._remote and unreachable(exc)) or (self._local_store and disk_full(exc))
+
+    @property
+    def disk_full(self) -> bool:
+        """The local store's disk filled: writes go to the spool in jbench's cache (the workflow stops)."""
+        return self.spooling == DISK_FULL
+
     def _fail_over(self, exc: Optional[BaseException]) -> None:
-        """Send every write to the spool from now on, and re-create there every run still open on the server."""
-        reason = "at start" if exc is None else f"{type(exc).__name__}"
-        self.spooling = reason
-        spool = spool_dir(self.results_dir)
-        spool.mkdir(parents=True, exist_ok=True)
-        path = sqlite_path(self.spool_uri)
-        if path is not None and not os.path.exists(path):
-            create_sqlite_store(Path(path))
+        """Send every write to the spool from now on, and re-create there every run still open on the server (or on
+        the local store whose disk is full)."""
+        full = exc is not None and not self._remote and disk_full(exc)
+        self.spooling = DISK_FULL if full else "at start" if exc is None else f"{type(exc).__name__}"
+        spool = disk_spool_dir(self.results_dir) if full else spool_dir(self.results_dir)
+        self.spool_uri = local_uri(spool)
+        try:
+            spool.mkdir(parents=True, exist_ok=True)
+            path = sqlite_path(self.spool_uri)
+            if path is not None and not os.path.exists(path):
+                create_sqlite_store(Path(path))
+        except (StoreError, OSError) as again:
+            if not full:
+                raise
+            raise StoreError(f"disk full: the results store {self.shown_uri} has no space left ("
+                             f"{free_space(self.results_dir)}) and the spool {spool} cannot take what was measured "
+                             f"either ({_why(again)}). Free some space and run the same command again: it resumes"
+                             ) from None
         self.client = MlflowClient(tracking_uri=self.spool_uri)
         for run_id, entries in list(self._journal.items()):
             self._run_ids[run_id] = self._create(*entries[0])
@@ -269,8 +380,12 @@ class Tracker:
                 fn(self, self._run_ids[run_id], *args, **kwargs)
         self._clock = None
         self._journal.clear()
-        self.notify(f"tracking server {self.shown_uri} does not answer; measuring on into the spool {spool} "
-                    f"(`jbench sync` uploads it once the server is back)")
+        if full:
+            self.notify(f"disk full: {self.shown_uri} has no space left ({free_space(self.results_dir)}); what was "
+                        f"measured is kept in the spool {spool} and no further trial starts")
+        else:
+            self.notify(f"tracking server {self.shown_uri} does not answer; measuring on into the spool {spool} "
+                        f"(`jbench sync` uploads it once the server is back)")
 
     @run_write
     def log(
@@ -327,7 +442,7 @@ class Tracker:
             try:
                 return self._running_runs(experiment_id)
             except Exception as exc:
-                if not (self._remote and unreachable(exc)):
+                if not self._lost(exc):
                     raise
                 self._fail_over(exc)
         return self._running_runs(self._spool_experiment(experiment_id))
@@ -377,7 +492,7 @@ class Tracker:
         except Exception as exc:
             if self.spooling is not None:
                 return empty
-            if not (self._remote and unreachable(exc)):
+            if not self._lost(exc):
                 raise
             self._fail_over(exc)
             return empty
