@@ -136,6 +136,7 @@ def test_measures_alone():
 '''
 
 
+@pytest.mark.slow  # two pytest processes, one with an xdist worker: ~5 s
 def test_an_alone_test_fails_in_an_xdist_worker_and_passes_serially(tmp_path):
     (tmp_path / "test_alone_inner.py").write_text(ALONE_INNER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
