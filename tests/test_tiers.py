@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO, TESTS
 
 INNER = '''
