@@ -155,6 +155,6 @@ def test_a_disk_that_fills_mid_sweep_keeps_what_was_measured_and_the_rerun_resum
         finished = [r for r in trials if r.info.status == "FINISHED"]
         assert sorted(r.info.run_name for r in finished) == ["Q4_0", "Q4_K_M", "Q5_K_M", "Q8_0"]
         assert all(r.data.metrics.get("decode_tps", 0) > 0 for r in finished)
-        # The trials measured before the stop were not measured again: the rerun skipped them as FINISHED.
-        skipped = {ln.split()[1] for ln in res.stdout.splitlines() if "SKIPPED" in ln and ln.split()[0].isdigit()}
+        # The trials measured before the stop were not measured again: the rerun shows them as EARLIER (resumed).
+        skipped = {ln.split()[1] for ln in res.stdout.splitlines() if "EARLIER" in ln and ln.split()[0].isdigit()}
         assert measured <= skipped, (measured, skipped)
