@@ -608,25 +608,36 @@ def tracker_factory(tracking: Any, store: Store, notify: Callable[[str], None] =
     return make
 
 
+def _finished_runs(uri: str, exp_name: str, *, by_identity: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """({resume key by configuration: FINISHED run}, {by identity: ...} when asked) of an existing store: sqlite3
+    when it can answer, else MLflow's reader; a store that does not answer gives none (an estimate, a dry run,
+    is never worth an error)."""
+    fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
+    if fast is not None:
+        return fast, (finished_trials_sqlite(uri, exp_name, key="identity") or {}) if by_identity else {}
+    from jbench.tracking.reader import finished_trials  # imports mlflow: only when sqlite3 cannot answer
+
+    try:
+        return (finished_trials(uri, exp_name),
+                finished_trials(uri, exp_name, key="identity") if by_identity else {})
+    except Exception as exc:  # an unreachable tracking server must not stop a sweep or a dry run
+        log.warning("no duration estimate: %s", exc)
+        return {}, {}
+
+
+def _earlier(by_config: dict[str, dict], trial: Trial) -> dict:
+    """The FINISHED run of trial's configuration (this round, else round 1), or {}."""
+    return by_config.get(trial.resume_key) or by_config.get(resume_key(trial.config_hash, 1)) or {}
+
+
 def durations(plan: Plan) -> dict[int, Optional[float]]:
     """Each planned trial's expected seconds: the wall time of an earlier FINISHED run of its configuration in the
     experiment (None: no such run). Read-only; a store that does not exist or does not answer gives no history."""
     uri = resolve_uri(plan.tracking.uri, plan.tracking.results_dir)
     by_config: dict[str, dict] = {}
     if store_exists(uri):
-        exp_name = plan.tracking.experiment_name or plan.experiment
-        fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
-        if fast is not None:
-            by_config = fast
-        else:
-            from jbench.tracking.reader import finished_trials  # imports mlflow: only when sqlite3 cannot answer
-
-            try:
-                by_config = finished_trials(uri, exp_name)
-            except Exception as exc:  # an estimate is never worth stopping a sweep for
-                log.warning("no duration estimate: %s", exc)
-    return {t.index: (by_config.get(t.resume_key) or by_config.get(resume_key(t.config_hash, 1)) or {}).get("wall_s")
-            or None for t in plan.trials}
+        by_config, _ = _finished_runs(uri, plan.tracking.experiment_name or plan.experiment, by_identity=False)
+    return {t.index: _earlier(by_config, t).get("wall_s") or None for t in plan.trials}
 
 
 @dataclass
@@ -661,25 +672,13 @@ def estimates(plan: Plan) -> list[Estimate]:
     by_identity: dict[str, dict] = {}
     identities: dict[int, TrialIdentity] = {}
     if store_exists(uri):
-
-        exp_name = plan.tracking.experiment_name or plan.experiment
-        fast = finished_trials_sqlite(uri, exp_name, key="config_hash")
-        if fast is not None:
-            by_config = fast
-            by_identity = finished_trials_sqlite(uri, exp_name, key="identity") or {}
-        else:
-            from jbench.tracking.reader import finished_trials  # imports mlflow: only when sqlite3 cannot answer
-
-            try:
-                by_config = finished_trials(uri, exp_name)
-                by_identity = finished_trials(uri, exp_name, key="identity")
-            except Exception as exc:  # an unreachable tracking server must not stop a dry run
-                log.warning("no duration estimate: %s", exc)
+        by_config, by_identity = _finished_runs(uri, plan.tracking.experiment_name or plan.experiment,
+                                                by_identity=True)
         if by_config and not plan.sweep.rerun:
             identities = _local_identities(plan)
     out = []
     for t in plan.trials:
-        entry = by_config.get(t.resume_key) or by_config.get(resume_key(t.config_hash, 1)) or {}
+        entry = _earlier(by_config, t)
         if plan.sweep.rerun:
             finished, unsure = False, False
         elif t.index in identities:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, BinaryIO, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence
 
 from jbench.core.schema import ProfileConfig
 from jbench.device.telemetry.rails import INPUT_RAILS, SUMMED_RAIL_SETS, InputPower, input_power
@@ -341,26 +341,22 @@ def read_log(stream: BinaryIO) -> LogRead:
 
     head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
     raw: Any = gzip.GzipFile(fileobj=stream) if head == b"\x1f\x8b" else stream
-    samples: list[TegrastatsSample] = []
-    skipped = 0
+    undecodable = 0
     cut_short = ""
-    try:
-        for data in raw:
-            try:
-                line = data.decode("utf-8")
-            except UnicodeDecodeError:
-                skipped += 1
-                continue
-            if not line.strip():
-                continue
-            sample = parse_line(line)
-            if sample is None:
-                skipped += 1
-            else:
-                samples.append(sample)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        cut_short = f"the gzip data ends early or is damaged ({exc}); the lines before it were read"
-    return LogRead(samples, skipped, cut_short)
+
+    def lines() -> Iterator[str]:
+        nonlocal undecodable, cut_short
+        try:
+            for data in raw:
+                try:
+                    yield data.decode("utf-8")
+                except UnicodeDecodeError:
+                    undecodable += 1
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            cut_short = f"the gzip data ends early or is damaged ({exc}); the lines before it were read"
+
+    samples, skipped = parse_stream(lines())
+    return LogRead(samples, skipped + undecodable, cut_short)
 
 
 # --- board power ----------------------------------------------------------------------------
