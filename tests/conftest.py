@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,34 @@ _WRAPPERS = {"env", "sudo", "timeout", "nice", "nohup", "setsid", "stdbuf", "exe
 _CHROMIUM = {"chromium", "chromium-browser", "chrome", "google-chrome", "google-chrome-stable", "headless_shell",
              "chrome-headless-shell"}
 _OPTION_OR_ARG = re.compile(r"^(-.*|[A-Za-z_][A-Za-z0-9_]*=.*|\d+(\.\d+)?[smhd]?)$")  # -x, VAR=value, 10, 2.5s
+
+
+def wait_until(predicate, timeout: float, every: float = 0.3) -> bool:
+    """Poll predicate() until it is true (True) or timeout seconds pass (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
+
+
+def finished_trial_runs(db: Path) -> int:
+    """FINISHED trial runs in a local MLflow SQLite store, read-only with sqlite3 (an MlflowClient would race the
+    jbench process creating the store's tables); 0 while the store or its tables do not exist yet."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT count(*) FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE "
+                               "r.status = 'FINISHED' AND t.key = 'jbench.kind' AND t.value = 'trial'").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
 
 
 def _started(argv: list[str]):

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from .conftest import jbench_cli
+from .conftest import finished_trial_runs, jbench_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,20 +93,6 @@ def test_a_store_whose_creation_stopped_on_a_full_disk_is_refused_then_completed
         assert sorted(p.name for p in mnt.iterdir()) == ["mlflow.db"]  # no copy left beside it
 
 
-def _finished_trials(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            return con.execute("SELECT count(*) FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE "
-                               "r.status = 'FINISHED' AND t.key = 'jbench.kind' AND t.value = 'trial'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
 def test_a_disk_that_fills_mid_sweep_keeps_what_was_measured_and_the_rerun_resumes(tmp_path, llama_build,
                                                                                    bundled_model):
     from mlflow.tracking import MlflowClient
@@ -121,7 +107,7 @@ def test_a_disk_that_fills_mid_sweep_keeps_what_was_measured_and_the_rerun_resum
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             end = time.monotonic() + 300
-            while _finished_trials(results / "mlflow.db") < 1 and proc.poll() is None and time.monotonic() < end:
+            while finished_trial_runs(results / "mlflow.db") < 1 and proc.poll() is None and time.monotonic() < end:
                 time.sleep(0.2)
             _fill(mnt)  # the disk fills while the sweep goes on
             out, err = proc.communicate(timeout=600)

@@ -9,7 +9,6 @@ import fcntl
 import os
 import pty
 import signal
-import sqlite3
 import subprocess
 import sys
 import termios
@@ -20,36 +19,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import jbench_cli
+from .conftest import finished_trial_runs, jbench_cli, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SWEEP = ["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q4_K_M,Q8_0", "backend.n_prompt=16",
          "backend.n_gen=32", "backend.repetitions=3", "device.lease_wait_s=600"]
-
-
-def _trials_finished(db: Path) -> int:
-    # Read-only SQL: an MlflowClient here would race jbench's own creation of the store's tables.
-    if not db.exists():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            return con.execute("SELECT count(*) FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE "
-                               "r.status = 'FINISHED' AND t.key = 'jbench.kind' AND t.value = 'trial'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
-def _wait(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def _descendant_named(pid: int, name: str) -> bool:
@@ -105,10 +80,10 @@ def test_a_dropped_ssh_session_ends_the_sweep_killed_and_the_rerun_resumes_it(tm
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        assert _wait(lambda: _trials_finished(tmp_path / "mlflow.db") >= 1 or proc.poll() is not None, 300), \
+        assert wait_until(lambda: finished_trial_runs(tmp_path / "mlflow.db") >= 1 or proc.poll() is not None, 300), \
             "no trial finished"
         assert proc.poll() is None, seen.decode(errors="replace")[-3000:]
-        assert _wait(lambda: _descendant_named(proc.pid, "llama-bench"), 120), "the next trial never measured"
+        assert wait_until(lambda: _descendant_named(proc.pid, "llama-bench"), 120), "the next trial never measured"
         time.sleep(0.5)  # into its measurement
         os.close(master)  # the session drops: the kernel hangs the terminal up and sends SIGHUP
         time.sleep(0.3)
@@ -151,7 +126,7 @@ def _objects(build: Path) -> dict[str, int]:
 def _ctrl_c_when(proc: subprocess.Popen, ready, timeout: float) -> tuple[int, str, str]:
     """Ctrl-C as the terminal sends it (SIGINT to jbench's process group) once `ready()`; (exit code, out, err)."""
     try:
-        assert _wait(lambda: ready() or proc.poll() is not None, timeout), "never ready"
+        assert wait_until(lambda: ready() or proc.poll() is not None, timeout), "never ready"
         assert proc.poll() is None, proc.communicate()
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)

@@ -10,13 +10,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import jbench_cli
+from .conftest import jbench_cli, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -106,15 +105,6 @@ def test_a_quant_ladder_reads_as_mlflow_users_expect(tmp_path, llama_build, bund
     assert all("/" not in i for i in images)  # relative links resolve beside report.md in MLflow's preview
 
 
-def _wait(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
-
-
 def test_a_sweep_resumed_after_ctrl_c_is_one_sweep(tmp_path, llama_build, bundled_model):
     env = dict(os.environ, JBENCH_RESULTS_DIR=str(tmp_path), COLUMNS="200")
     argv = ["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q4_K_M,Q8_0",
@@ -139,7 +129,7 @@ def test_a_sweep_resumed_after_ctrl_c_is_one_sweep(tmp_path, llama_build, bundle
             return False
 
     try:
-        assert _wait(one_finished, 300), "no trial finished"
+        assert wait_until(one_finished, 300), "no trial finished"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
