@@ -68,7 +68,7 @@ def test_declared_names_are_every_concrete_name_once():
 def test_a_declaration_is_well_formed(decl: MetricDecl):
     assert decl.unit in M.UNITS
     assert decl.group in M.GROUPS
-    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.RUNNER)
+    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.RUNNER, M.QUALITY, M.MEMORY)
     assert decl.better in (None, M.HIGHER, M.LOWER)
     assert set(decl.placeholders) <= set(M.PLACEHOLDERS)
     # One table row: no line break, no cell separator.

@@ -29,7 +29,7 @@ from typing import Iterator, Literal, Optional
 
 __all__ = [
     "PLACEHOLDERS", "UNITS", "HIGHER", "LOWER", "GROUPS", "DECLARATIONS", "MEASURE", "PHASE_SPEED", "ROOFLINE",
-    "RUNNER", "MetricDecl", "UnknownMetric",
+    "RUNNER", "QUALITY", "MEMORY", "MetricDecl", "UnknownMetric",
     "metric", "find", "is_declared", "unit_of", "declared_names", "declarations", "provided_by", "required_by",
     "stage_dependencies", "metrics_table",
 ]
@@ -64,6 +64,8 @@ UNITS: dict[str, str] = {
     "%": "percent",
     "1": "a count or a ratio (dimensionless)",
     "1/tok": "a count per token",
+    "nat": "natural units of information (KL divergence, natural logarithm)",
+    "MiB": "2^20 bytes",
 }
 
 HIGHER: Literal["higher"] = "higher"
@@ -72,6 +74,7 @@ LOWER: Literal["lower"] = "lower"
 # Stage and workflow names that provide metrics (runner stages' NAME; `sweep` and `bisect` record their own).
 # `runner`: the trial runner itself (jbench.runner.trials), around the stages.
 MEASURE, PHASE_SPEED, ROOFLINE, RUNNER = "measure", "phase_speed", "roofline", "runner"
+QUALITY, MEMORY = "quality", "memory"
 
 # docs/metrics.md's tables, in the order the document shows them: group -> its heading in the document.
 GROUPS: dict[str, str] = {
@@ -85,6 +88,8 @@ GROUPS: dict[str, str] = {
     "roofline": "Roofline",
     "latency": "Latency scenario",
     "engine": "Engine GEMV trace",
+    "quality": "Output quality",
+    "memory": "Memory",
 }
 
 _FIELDS = re.compile(r"\{(\w+)\}")
@@ -335,7 +340,81 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
        backend="engine", requires=("gemv_weight_bytes_per_token",)),
     _d("gemv_fraction_of_ceiling", "1", "the measured decode rate / `gemv_ceiling_tps`", MEASURE, "engine",
        better=HIGHER, backend="engine", requires=("gemv_ceiling_tps",)),
-)
+    # --- output quality: jbench.runner.quality (llama-perplexity's KL-divergence statistics against a reference)
+    _d("quality_kld_mean", "nat", "mean over the scored tokens of KL(reference ‖ trial) between their next-token "
+       "distributions (llama-perplexity `Mean    KLD`)", QUALITY, "quality", better=LOWER, backend="llamacpp"),
+    _d("quality_kld_mean_err", "nat", "its uncertainty as llama-perplexity prints it (± : standard error of the "
+       "mean)", QUALITY, "quality", requires=("quality_kld_mean",), backend="llamacpp"),
+    _d("quality_kld_median", "nat", "median over the scored tokens of that KL divergence (`Median  KLD`)", QUALITY,
+       "quality", better=LOWER, backend="llamacpp"),
+    _d("quality_kld_p99", "nat", "its 99th percentile over the scored tokens (`99.0%   KLD`)", QUALITY, "quality",
+       better=LOWER, backend="llamacpp"),
+    _d("quality_kld_max", "nat", "its maximum over the scored tokens (`Maximum KLD`)", QUALITY, "quality",
+       better=LOWER, backend="llamacpp"),
+    _d("quality_same_top_pct", "%", "share of scored tokens whose most likely next token is the reference's (`Same "
+       "top p`)", QUALITY, "quality", better=HIGHER, backend="llamacpp"),
+    _d("quality_same_top_pct_err", "%", "its uncertainty: 100 · √(p (1 − p) / (n − 1)) as llama-perplexity prints "
+       "it", QUALITY, "quality", requires=("quality_same_top_pct",), backend="llamacpp"),
+    _d("quality_rms_dp_pct", "%", "root mean square over the scored tokens of the difference between the trial's "
+       "and the reference's probability of the corpus's next token (`RMS Δp`)", QUALITY, "quality", better=LOWER,
+       backend="llamacpp"),
+    _d("quality_rms_dp_pct_err", "%", "its uncertainty as llama-perplexity prints it", QUALITY, "quality",
+       requires=("quality_rms_dp_pct",), backend="llamacpp"),
+    _d("quality_ppl", "1", "perplexity of the trial over the scored tokens (`Mean PPL(Q)`)", QUALITY, "quality",
+       better=LOWER, backend="llamacpp"),
+    _d("quality_ppl_err", "1", "its uncertainty as llama-perplexity prints it", QUALITY, "quality",
+       requires=("quality_ppl",), backend="llamacpp"),
+    _d("quality_ppl_base", "1", "perplexity of the reference over the same tokens (`Mean PPL(base)`)", QUALITY,
+       "quality", backend="llamacpp"),
+    _d("quality_ppl_base_err", "1", "its uncertainty as llama-perplexity prints it", QUALITY, "quality",
+       requires=("quality_ppl_base",), backend="llamacpp"),
+    _d("quality_ppl_ratio", "1", "`Mean PPL(Q)/PPL(base)`: the trial's perplexity over the reference's (1: no loss)",
+       QUALITY, "quality", better=LOWER, backend="llamacpp"),
+    _d("quality_ppl_ratio_err", "1", "its uncertainty as llama-perplexity prints it (correlated errors of both "
+       "passes accounted for)", QUALITY, "quality", requires=("quality_ppl_ratio",), backend="llamacpp"),
+    _d("quality_scored_tokens", "tok", "tokens scored: chunks × (context − context / 2), as the reference logits "
+       "file holds them", QUALITY, "quality", backend="llamacpp"),
+    _d("quality_wall_s", "s", "wall time of the trial's llama-perplexity pass (and of the reference pass when this "
+       "trial computed the reference logits); absent when the quality was reused", QUALITY, "quality",
+       better=LOWER, backend="llamacpp"),
+    _d("quality_reference_logits_mib", "MiB", "size of the reference logits file on the device ((n_vocab + 4) × 2 "
+       "bytes per scored token, plus the tokens)", QUALITY, "quality", backend="llamacpp"),
+    # --- memory: the backend's own account and the process's peak (jbench.runner.memory), the device's use over its
+    # idle baseline (the Measure stage's telemetry)
+    _d("memory_peak_rss_mib", "MiB", "peak resident set of the backend process (getrusage ru_maxrss of the memory "
+       "pass, which allocates what the speed pass does: mapped weights that were touched, KV cache, compute and "
+       "output buffers in host memory)", MEMORY, "memory", better=LOWER),
+    _d("memory_model_buffer_mib", "MiB", "the backend's own account of its weight buffers (llama.cpp `model buffer "
+       "size`, summed over buffer types: mapped, repacked, GPU)", MEMORY, "memory", better=LOWER),
+    _d("memory_kv_buffer_mib", "MiB", "its KV-cache buffers (llama.cpp `KV buffer size`, summed over the caches of "
+       "one context; the largest context of the pass)", MEMORY, "memory", better=LOWER),
+    _d("memory_compute_buffer_mib", "MiB", "its compute buffers (llama.cpp `compute buffer size`, summed over "
+       "devices; the largest context of the pass)", MEMORY, "memory", better=LOWER),
+    _d("memory_output_buffer_mib", "MiB", "its output (logits) buffer (llama.cpp `output buffer size`; the largest "
+       "context of the pass)", MEMORY, "memory"),
+    _d("memory_backend_total_mib", "MiB", "model + KV + compute + output buffers: everything the backend accounts "
+       "for", MEMORY, "memory", requires=("memory_model_buffer_mib", "memory_kv_buffer_mib",
+                                           "memory_compute_buffer_mib", "memory_output_buffer_mib")),
+    _d("memory_unexplained_mib", "MiB", "measured peak (`memory_peak_rss_mib`, plus the device memory over idle on a "
+       "discrete GPU) − `memory_backend_total_mib`: runtime, code, allocator slack", MEMORY, "memory",
+       requires=("memory_peak_rss_mib", "memory_backend_total_mib")),
+    _d("memory_predicted_mib", "MiB", "the planner's prediction: weights (model file) + KV cache at the trial's "
+       "context (GGUF header) + compute and output buffers (measured for this configuration before, else none: tag "
+       "memory.prediction)", MEMORY, "memory"),
+    _d("memory_prediction_error_pct", "%", "100 · (measured − predicted) / measured, measured as in "
+       "`memory_unexplained_mib`: positive when the prediction was short", MEMORY, "memory",
+       requires=("memory_peak_rss_mib", "memory_predicted_mib")),
+    _d("memory_cma_idle_mib", "MiB", "contiguous memory (CMA) in use before the pass: CmaTotal − CmaFree of "
+       "/proc/meminfo; absent where the kernel has no CMA", MEMORY, "memory"),
+    _d("memory_ram_idle_mib", "MiB", "RAM in use over the idle window (OS and other processes): the mean of the "
+       "telemetry's used-RAM readings", MEASURE, "memory"),
+    _d("memory_ram_over_idle_mib", "MiB", "highest used-RAM reading from model load to the end of decode − "
+       "`memory_ram_idle_mib`: the trial's share of (unified) RAM, GPU allocations on a Jetson included", MEASURE,
+       "memory", better=LOWER, requires=("memory_ram_idle_mib",)),
+    _d("memory_swap_over_idle_mib", "MiB", "highest swap in use from model load to the end of decode − its idle "
+       "mean", MEASURE, "memory", better=LOWER),
+    _d("memory_gpu_over_idle_mib", "MiB", "highest GPU memory in use (NVML) from model load to the end of decode − "
+       "its idle mean: the trial's device memory on a discrete GPU", MEASURE, "memory", better=LOWER),)
 
 
 def _index(decls: tuple[MetricDecl, ...]) -> dict[str, MetricDecl]:

@@ -502,9 +502,35 @@ class FarmConfig:
 
 
 @dataclass
+class QualityConfig:
+    """Output quality per trial (docs/quality.md): llama-perplexity's KL divergence of the trial's next-token
+    distributions against a reference's, over a corpus. Every key is outside the trial's identity: quality has an
+    identity of its own (model file, KV types, build, device, corpus, context, chunks, reference), so a trial whose
+    only change is a speed knob reuses the quality already measured."""
+
+    enabled: bool = nonident(False)
+    # A UTF-8 text file on this machine (e.g. wikitext-2 raw); null: a text derived at run time from the
+    # documentation CPython ships (pydoc_data), recorded as such.
+    corpus: Optional[str] = nonident(None)
+    # llama-perplexity -c: tokens per chunk; the second half of each chunk is scored.
+    context: int = nonident(512, metadata=bounded(32))
+    # llama-perplexity --chunks: chunks scored (context/2 tokens each; llama.cpp prints statistics from 100 tokens on).
+    chunks: int = nonident(1, metadata=bounded(1))
+    # The quant whose logits are the reference; null: the highest-precision quant of the same model in the sweep
+    # (F16/BF16 when present). KV-cache types of the reference are always f16.
+    reference: Optional[str] = nonident(None)
+    # The quality bar of the summary's choice (null: no bar on that figure).
+    max_kld: Optional[float] = nonident(None, metadata=bounded(0))
+    min_same_top_pct: Optional[float] = nonident(None, metadata=bounded(0, high=100))
+    # Reference logits cached on the device (about (n_vocab + 4) x 2 bytes per scored token); oldest dropped first.
+    cache_max_gb: float = nonident(8.0, metadata=bounded(above=0))
+    timeout_s: float = nonident(3600.0, metadata=bounded(above=0))
+
+
+@dataclass
 class JBenchConfig:
     # Sections declared nonident drop out whole; the others count through their own fields' declarations.
-    # Keys the planner adds (profile, quality, round) are no schema field and never identity.
+    # Keys the planner adds (profile, round) are no schema field and never identity.
     device: Any = ident("???")
     backend: Any = ident("???")
     model: Any = ident("???")
@@ -517,6 +543,7 @@ class JBenchConfig:
     experiment: ExperimentConfig = nonident(default_factory=ExperimentConfig)
     sweep: SweepConfig = nonident(default_factory=SweepConfig)
     farm: FarmConfig = nonident(default_factory=FarmConfig)
+    quality: QualityConfig = nonident(default_factory=QualityConfig)
 
 
 # Sections as the functions the planner and the run layer call take them: the schema object, or the plain

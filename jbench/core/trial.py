@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from jbench.core import registry
 from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, FarmConfig, ModelConfig, PowerConfig,
-                                ProfileConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig,
+                                ProfileConfig, QualityConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig,
                                 WallPowerConfig, typed)
 
 
@@ -50,6 +50,7 @@ class TrialConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     farm: FarmConfig = field(default_factory=FarmConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
     profile: Optional[ProfileConfig] = None
 
     @property
