@@ -41,6 +41,7 @@ class Category(str, Enum):
     INTERRUPTED = "interrupted"
     RESUMED = "resumed"
     OOM_SKIP = "oom_skip"
+    QUALITY = "quality"  # the quality stage could not measure (llama-perplexity refused, crashed or printed no statistics)
 
     def __str__(self) -> str:
         return self.value

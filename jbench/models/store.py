@@ -206,7 +206,8 @@ def resolve_model_file(section: ModelSection) -> tuple[str, dict]:
         if entry.get("requantized_from"):
             facts["model.requantized_from"] = entry["requantized_from"]
             facts["model.quality_note"] = (
-                f"requantized from {entry['requantized_from']}: speed is real, quality is not a finding"
+                f"requantized from {entry['requantized_from']}: speed and memory are real; quality figures measure "
+                "requantization loss against the sweep's reference, not quality against the original weights"
             )
         return entry["path"], facts
     if quant in model.files:

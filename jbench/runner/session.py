@@ -137,6 +137,8 @@ class DeviceSession:
         self._backends: dict[str, Backend] = {}
         self._builds: dict[str, Optional[str]] = {}
         self._digests: dict[str, Optional[str]] = {}
+        # Quality already measured on this device, by quality identity: (where it was measured, its figures).
+        self.known_quality: dict[str, tuple[str, dict[str, float]]] = {}
         self._model_found: dict[str, bool] = {}
 
     def __enter__(self) -> "DeviceSession":

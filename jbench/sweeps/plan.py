@@ -541,6 +541,11 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
                        drop_beyond_context=sweep.drop_beyond_context and use_grid)
     notes = named + notes
     trials, problems = validate(kept, reserve_bytes=sweep.memory_reserve_gb * 1e9)
+    if not problems:
+        from jbench.sweeps.quality import plan_quality
+
+        trials, quality_problems, quality_notes = plan_quality(trials)
+        problems, notes = problems + quality_problems, notes + quality_notes
     rounds = max(1, sweep.rounds)
     final = replicate(order(trials), rounds)
     if not final and notes:

@@ -32,6 +32,8 @@ from jbench.device.connection import DeviceError
 from jbench.runner import scheduler as sched
 from jbench.runner.recorder import Recorder, SUMMARY_TABLE, Tracker, controller_id, source_tags, wall_time
 from jbench.runner.scheduler import Scheduler, Stopped, Unit, group_runs
+from jbench.models.store import ModelError
+from jbench.runner.quality import quality_request
 from jbench.runner.session import DeviceSession
 from jbench.runner.stages import Stage, default_stages
 from jbench.runner.trials import (Preflight, PreflightError, TrialIdentity, TrialOutcome, TrialRunner,
@@ -171,6 +173,7 @@ class _Sweep:
         self.sessions: dict[str, DeviceSession] = {}
         self.units = Units()
         self.identities: dict[int, TrialIdentity] = {}
+        self.quality_ids: dict[int, str] = {}  # trial index -> its quality identity (quality.enabled)
         self.scheduler: Scheduler = Scheduler()
         self.outcomes: list[TrialOutcome] = []
         self.ooms: list[tuple[tuple, int, str]] = []  # (model/KV/device key, context that failed, run id)
@@ -255,9 +258,25 @@ class _Sweep:
             kept.append({t.index for t in found.keep})
         if problems:
             raise PreflightError("\n".join(problems))
+        self._quality_identities(by_device)
         # A pool's trial runs when every unit can run it (any unit may get it); else each device keeps its own.
         runnable = set.intersection(*kept) if self.plan.pool is not None else set().union(*kept)
         return [t for t in trials if t.index in runnable]
+
+    def _quality_identities(self, by_device: dict[str, list[Trial]]) -> None:
+        """Each quality trial's quality identity (the same on every unit of a pool: the device in it is the
+        class). A reference file missing on the device is a problem found before anything runs."""
+        problems: list[str] = []
+        for name, device_trials in by_device.items():
+            for trial in device_trials:
+                if not trial.cfg.quality.enabled or trial.index in self.quality_ids:
+                    continue
+                try:
+                    self.quality_ids[trial.index] = quality_request(trial, self.sessions[name]).identity
+                except (ModelError, UserError) as exc:
+                    problems.append(f"quality of {trial.label}: {exc}")
+        if problems:
+            raise PreflightError("\n".join(dict.fromkeys(problems)))
 
     def resume_key(self, trial: Trial) -> str:
         """The trial's identity (config, backend build, model file) and round: what resume matches on."""
@@ -270,12 +289,30 @@ class _Sweep:
         if self.plan.sweep.rerun or not store_exists(uri):
             return {}
 
-        fast = finished_trials_sqlite(uri, exp_name, key="identity")
-        if fast is not None:
-            return fast
-        from jbench.tracking.reader import finished_trials  # imports mlflow
+        found = finished_trials_sqlite(uri, exp_name, key="identity")
+        if found is None:
+            from jbench.tracking.reader import finished_trials  # imports mlflow
 
-        return finished_trials(uri, exp_name, key="identity")
+            found = finished_trials(uri, exp_name, key="identity")
+        return self._with_quality(found)
+
+    def _with_quality(self, done: dict[str, dict]) -> dict[str, dict]:
+        """Quality the store holds goes to the sessions (a trial of a known quality identity reuses it); a trial
+        that asks for quality is done only when its FINISHED run has that quality."""
+        known = {e["quality_identity"]: (f"run {e['run_id']}", {k: v for k, v in (e.get("metrics") or {}).items()
+                                                                if k.startswith("quality_") and k != "quality_wall_s"})
+                 for e in done.values() if e.get("quality_identity") and e.get("quality_ok")}
+        for session in self.sessions.values():
+            for ident, value in known.items():
+                session.known_quality.setdefault(ident, value)
+        for trial in self.plan.trials:
+            wanted = self.quality_ids.get(trial.index)
+            if wanted is None or trial.index not in self.identities:
+                continue
+            entry = done.get(self.resume_key(trial))
+            if entry is not None and entry.get("quality_identity") != wanted:
+                del done[self.resume_key(trial)]
+        return done
 
     def _upload_disk_spool(self, uri: str) -> None:
         """Trials a full disk sent to the spool in jbench's cache go into their local store first, so resume sees

@@ -443,7 +443,8 @@ def _epoch_ms(series) -> list[Optional[float]]:
 
 def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "config_hash") -> dict[str, dict]:
     """FINISHED trial runs of an experiment keyed by `<hash>:<round>`, with their wall time and figures
-    (resume, its summary rows and duration estimates): {key: {"run_id", "wall_s", "metrics", "noisy"}}.
+    (resume, its summary rows and duration estimates): {key: {"run_id", "wall_s", "metrics", "noisy",
+    "quality_identity", "quality_ok"}}.
 
     key="identity": the trial identity (jbench.identity.trial_identity: identity fields, backend build and
     model digest), what resume must match on (tag `jbench.identity`). key="config_hash": the configuration
@@ -471,6 +472,8 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
     rounds = done["tags.jbench.round"] if "tags.jbench.round" in done else None
     metric_columns = [c for c in done.columns if c.startswith("metrics.")]
     noisy = done["tags.jbench.noisy"] if "tags.jbench.noisy" in done else None
+    quality = done["tags.quality.identity"] if "tags.quality.identity" in done else None
+    quality_status = done["tags.quality.status"] if "tags.quality.status" in done else None
     for i, (run_id, h) in enumerate(zip(done["run_id"], done[column])):
         if not isinstance(h, str) or not h:
             continue
@@ -480,5 +483,15 @@ def finished_trials(uri_or_tracker: Any, experiment_name: str, *, key: str = "co
                    if (v := done[c].iloc[i]) is not None and v == v}
         found.setdefault(resume_key(h, r), {"run_id": run_id, "wall_s": metrics.get("trial_wall_s"),
                                             "metrics": metrics,
-                                            "noisy": noisy is not None and noisy.iloc[i] == "true"})
+                                            "noisy": noisy is not None and noisy.iloc[i] == "true",
+                                            "quality_identity": _text(quality, i),
+                                            "quality_ok": _text(quality_status, i) == "ok"})
     return found
+
+
+def _text(column: Any, i: int) -> Optional[str]:
+    """A tag column's value in row i, None where the column or the value is missing."""
+    if column is None:
+        return None
+    value = column.iloc[i]
+    return value if isinstance(value, str) and value else None

@@ -24,7 +24,7 @@ _NEEDS = {
     "latest_metrics": {"run_uuid", "key", "value", "is_nan"},
 }
 _TAGS = ("jbench.kind", "jbench.identity", "jbench.config_hash", "jbench.round", "jbench.hash_version",
-         "jbench.noisy")
+         "jbench.noisy", "quality.identity", "quality.status")
 
 
 def sqlite_path(uri: str) -> Optional[str]:
@@ -81,5 +81,7 @@ def finished_trials_sqlite(uri: str, experiment_name: str, *, key: str = "identi
         m = metrics.get(run_id, {})
         found.setdefault(resume_key(t[column], t.get("jbench.round", "1")),
                          {"run_id": run_id, "wall_s": m.get("trial_wall_s"), "metrics": m,
-                          "noisy": t.get("jbench.noisy") == "true"})
+                          "noisy": t.get("jbench.noisy") == "true",
+                          "quality_identity": t.get("quality.identity"),
+                          "quality_ok": t.get("quality.status") == "ok"})
     return found

@@ -23,7 +23,8 @@ from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.core.schema import bounded
 from jbench.core.trial import Trial
 from jbench.core.results import BackendResult
-from jbench.backends.llamacpp import client, server
+from jbench.backends.llamacpp import client, quality, server
+from jbench.core.quality import QualityOutcome, QualityRequest
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import (Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems,
                                   timeout_failure)
@@ -187,6 +188,11 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         tool = "llama-server" if self.config.scenario == "latency" else "llama-bench"
         res = conn.run([os.path.join(self.binary_dir(), tool), "--version"], timeout=60)
         return parse_build_commit(res.stdout + res.stderr)
+
+    def measure_quality(self, trial: Trial, conn: Connection, log: logging.Logger,
+                        request: QualityRequest) -> QualityOutcome:
+        """The trial's output quality with llama-perplexity against its reference (jbench.backends.llamacpp.quality)."""
+        return quality.measure_quality(self, trial, conn, log, request)
 
     def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
         """llama-server's argument list for the latency scenario."""
