@@ -32,7 +32,7 @@ from jbench.models.store import load_manifest, save_manifest, sha256_file, store
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_PYTHON_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-TARGETS = ("llama-bench", "llama-quantize", "llama-server")
+TARGETS = ("llama-bench", "llama-quantize", "llama-server", "llama-perplexity", "llama-tokenize")
 
 Say = Callable[[str], None]
 

@@ -29,7 +29,7 @@ from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import (Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems,
                                   timeout_failure)
 
-BINARIES = ("llama-bench", "llama-quantize", "llama-server")
+BINARIES = ("llama-bench", "llama-quantize", "llama-server", "llama-perplexity", "llama-tokenize")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # "auto" omits -fa (each build's own default); on/off as 1/0, which old and new builds accept.
 FLASH_ATTN = {"auto": None, "on": "1", "off": "0"}
