@@ -9,6 +9,7 @@ result) resolves to a declaration, so a new metric cannot be added without its d
 from __future__ import annotations
 
 import ast
+import dataclasses
 import graphlib
 import logging
 import math
@@ -357,10 +358,13 @@ def test_every_declaration_has_a_producer():
     # from client._stats' prefix, the telemetry series from analysis.telemetry.SERIES): nothing declared is dead.
     from jbench.analysis.telemetry import SERIES
     from jbench.backends.llamacpp.client import PERCENTILES
+    from jbench.backends.llamacpp.perplexity import QualityStats
 
     patterns = [re.compile(".+".join(map(re.escape, key.split("*")))) for _, _, key in written_metric_keys()]
     runtime = set(SERIES.values()) | {f"{p}_{s}" for p in ("ttft_ms", "itl_ms", "e2e_ms", "output_tps")
                                       for s in [*(f"p{q}" for q in PERCENTILES), "mean"]}
+    # llama-perplexity's statistics are written under their QualityStats field names (QualityStats.metrics()).
+    runtime |= {f.name for f in dataclasses.fields(QualityStats)}
     dead = [n for n in M.declared_names() if n not in runtime and not any(p.fullmatch(n) for p in patterns)]
     assert not dead, f"declared but never written by jbench: {dead}"
     assert {f"p{q}" for q in PERCENTILES} == {f"p{q}" for q in M.PLACEHOLDERS["q"]}

@@ -43,7 +43,9 @@ def test_quality_identity_leaves_out_speed_knobs_and_keeps_what_changes_the_numb
 
 def test_meaning_says_what_the_figures_measure():
     assert "KV-cache precision" in meaning(same_weights=True, requantized_from="Q4_K_M", reference_quant="Q4_K_M",
-                                           reference_requantized_from=None)
+                                           reference_requantized_from=None, kv=("q8_0", "q8_0"))
+    assert "the reference itself" in meaning(same_weights=True, requantized_from=None, reference_quant="F16",
+                                             reference_requantized_from=None)
     text = meaning(same_weights=False, requantized_from="Q4_K_M", reference_quant="F16",
                    reference_requantized_from="Q4_K_M")
     assert "requantization loss" in text and "not its quality against the original weights" in text

@@ -372,13 +372,13 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
        QUALITY, "quality", better=LOWER, backend="llamacpp"),
     _d("quality_ppl_ratio_err", "1", "its uncertainty as llama-perplexity prints it (correlated errors of both "
        "passes accounted for)", QUALITY, "quality", requires=("quality_ppl_ratio",), backend="llamacpp"),
-    _d("quality_scored_tokens", "tok", "tokens scored: chunks × (context − context / 2), as the reference logits "
-       "file holds them", QUALITY, "quality", backend="llamacpp"),
+    _d("quality_scored_tokens", "tok", "tokens scored: chunks × (context − 1 − context // 2), from the chunks and "
+       "context llama-perplexity reports", QUALITY, "quality", backend="llamacpp"),
     _d("quality_wall_s", "s", "wall time of the trial's llama-perplexity pass (and of the reference pass when this "
        "trial computed the reference logits); absent when the quality was reused", QUALITY, "quality",
        better=LOWER, backend="llamacpp"),
-    _d("quality_reference_logits_mib", "MiB", "size of the reference logits file on the device ((n_vocab + 4) × 2 "
-       "bytes per scored token, plus the tokens)", QUALITY, "quality", backend="llamacpp"),
+    _d("quality_reference_logits_mib", "MiB", "size of the reference logits file on the device: a 20-byte header, 4 "
+       "bytes per corpus token read, and (n_vocab rounded up to even + 4) × 2 bytes per scored token", QUALITY, "quality", backend="llamacpp"),
     # --- memory: the backend's own account and the process's peak (jbench.runner.memory), the device's use over its
     # idle baseline (the Measure stage's telemetry)
     _d("memory_peak_rss_mib", "MiB", "peak resident set of the backend process (getrusage ru_maxrss of the memory "

@@ -69,8 +69,11 @@ def quality_identity(*, reference: str, model_digest: Optional[str], kv: tuple[s
 
 
 def meaning(*, same_weights: bool, requantized_from: Optional[str], reference_quant: str,
-            reference_requantized_from: Optional[str]) -> str:
+            reference_requantized_from: Optional[str], kv: tuple[str, str] = ("f16", "f16")) -> str:
     """What the figures measure, in words (tag quality.meaning)."""
+    if same_weights and tuple(kv) == ("f16", "f16"):
+        return (f"the reference itself ({reference_quant}, f16 KV cache): the measurement's zero, not a loss "
+                "(other numerics, e.g. flash attention, show here as a departure from 0)")
     if same_weights:
         return (f"KV-cache precision against an f16 KV cache on the same weights ({reference_quant}): a full "
                 "measurement of what the KV type costs")

@@ -514,7 +514,7 @@ class QualityConfig:
     corpus: Optional[str] = nonident(None)
     # llama-perplexity -c: tokens per chunk; the second half of each chunk is scored.
     context: int = nonident(512, metadata=bounded(32))
-    # llama-perplexity --chunks: chunks scored (context/2 tokens each; llama.cpp prints statistics from 100 tokens on).
+    # llama-perplexity --chunks: chunks scored (context/2 - 1 tokens each; llama.cpp prints statistics from 100 on).
     chunks: int = nonident(1, metadata=bounded(1))
     # The quant whose logits are the reference; null: the highest-precision quant of the same model in the sweep
     # (F16/BF16 when present). KV-cache types of the reference are always f16.

@@ -10,7 +10,7 @@ import functools
 import typing
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 from jbench.core import registry
 from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, FarmConfig, ModelConfig, PowerConfig,
@@ -220,3 +220,18 @@ def context_tokens(backend: Any) -> int:
 def resume_key(config_hash: str, round_no: int | str = 1) -> str:
     """What makes a FINISHED run count as this trial done: its identity and its round."""
     return f"{config_hash}:{round_no}"
+
+
+@runtime_checkable
+class ChoosesKVTypes(Protocol):
+    """A backend config that chooses the KV cache's types (llama.cpp's keys); the memory check counts f16 for others."""
+
+    cache_type_k: str
+    cache_type_v: str
+
+
+@runtime_checkable
+class SwitchesFlashAttention(Protocol):
+    """A backend config with a flash-attention switch (llama.cpp's key)."""
+
+    flash_attn: str

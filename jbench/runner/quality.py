@@ -10,12 +10,12 @@ the backend to measure. A backend without a quality path is recorded as such, ne
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from jbench.core import metrics
-from jbench.core.quality import QualityRequest, meaning, quality_identity, reference_key
+from jbench.core.quality import QualityOutcome, QualityRequest, meaning, quality_identity, reference_key
 from jbench.core.results import Result
-from jbench.core.trial import Trial
+from jbench.core.trial import ChoosesKVTypes, SwitchesFlashAttention, Trial
 from jbench.models.corpus import count_tokens, resolve_corpus
 from jbench.models.store import ModelError, resolve_model_file
 from jbench.runner.context import TrialContext
@@ -23,6 +23,30 @@ from jbench.runner.session import DeviceSession
 from jbench.runner.stages import Stage
 
 QUALITY_METRICS = frozenset(metrics.provided_by(metrics.QUALITY))
+
+
+@runtime_checkable
+class MeasuresQuality(Protocol):
+    """A backend with a quality measurement (llama.cpp: llama-perplexity)."""
+
+    def measure_quality(self, trial: Trial, conn: Any, log: Any, request: QualityRequest) -> QualityOutcome: ...
+
+    def binary_dir(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """The backend settings besides the file and the KV types that change a pass's numbers (llama.cpp's names;
+    None where a backend has no such setting)."""
+
+    n_gpu_layers: Optional[int] = None
+    n_batch: Optional[int] = None
+    n_ubatch: Optional[int] = None
+
+
+def _kv(backend: Any) -> tuple[str, str]:
+    """The KV-cache types a backend config sets; f16 for a backend without the setting."""
+    return (backend.cache_type_k, backend.cache_type_v) if isinstance(backend, ChoosesKVTypes) else ("f16", "f16")
 
 
 def reference_model(trial: Trial):
@@ -39,13 +63,13 @@ def quality_request(trial: Trial, session: DeviceSession) -> QualityRequest:
     ref_model = reference_model(trial)
     ref_path, _ = resolve_model_file(ref_model)
     backend = cfg.backend
-    numerics = {k: getattr(backend, k, None) for k in ("n_gpu_layers", "n_batch", "n_ubatch")}
+    numerics = dataclasses.asdict(Numerics(**{f.name: getattr(backend, f.name, None)
+                                               for f in dataclasses.fields(Numerics)}))
     key = reference_key(backend=backend.name, build=session.build_id(backend), device=cfg.device.name,
                         reference_digest=session.model_digest(ref_model), corpus_sha256=corpus.sha256,
                         context=q.context, chunks=q.chunks, numerics=numerics)
-    kv = (getattr(backend, "cache_type_k", "f16"), getattr(backend, "cache_type_v", "f16"))
-    ident = quality_identity(reference=key, model_digest=session.model_digest(cfg.model), kv=kv,
-                             flash_attn=getattr(backend, "flash_attn", None))
+    ident = quality_identity(reference=key, model_digest=session.model_digest(cfg.model), kv=_kv(backend),
+                             flash_attn=backend.flash_attn if isinstance(backend, SwitchesFlashAttention) else None)
     return QualityRequest(corpus_path=corpus.path, corpus_sha256=corpus.sha256, corpus_name=corpus.description,
                           context=q.context, chunks=q.chunks, reference_quant=ref_model.quant,
                           reference_model_path=ref_path, reference_key=key, identity=ident,
@@ -71,7 +95,8 @@ def quality_tags(trial: Trial, req: QualityRequest) -> dict[str, str]:
         "quality.reference": label,
         "quality.reference_quant": req.reference_quant,
         "quality.meaning": meaning(same_weights=same, requantized_from=facts.get("model.requantized_from"),
-                                   reference_quant=req.reference_quant, reference_requantized_from=ref_source),
+                                   reference_quant=req.reference_quant, reference_requantized_from=ref_source,
+                                   kv=_kv(cfg.backend)),
         "quality.corpus": req.corpus_name,
         "quality.corpus_sha256": req.corpus_sha256,
         "quality.context": str(req.context),
@@ -84,10 +109,11 @@ def _corpus_tokens(ctx: TrialContext, req: QualityRequest) -> Optional[int]:
     planner counted them already: a cached answer); None elsewhere."""
     if not ctx.conn.is_local:
         return None
-    binary_dir = getattr(ctx.backend, "binary_dir", None)
+    if not isinstance(ctx.backend, MeasuresQuality):
+        return None
     try:
         path, _ = resolve_model_file(ctx.cfg.model)
-        return count_tokens(resolve_corpus(ctx.cfg.quality.corpus), path, binary_dir()) if binary_dir else None
+        return count_tokens(resolve_corpus(ctx.cfg.quality.corpus), path, ctx.backend.binary_dir())
     except Exception:  # the count is a label; the measurement does not depend on it
         return None
 
@@ -102,8 +128,7 @@ class Quality(Stage):
         return ctx.cfg.quality.enabled
 
     def run(self, ctx: TrialContext) -> None:
-        measure = getattr(ctx.backend, "measure_quality", None)
-        if measure is None:
+        if not isinstance(ctx.backend, MeasuresQuality):
             ctx.record.tags["quality.status"] = (f"not measured: the {ctx.cfg.backend.name} backend has no quality "
                                                  "measurement (llama.cpp's llama-perplexity is the one jbench has)")
             return
@@ -119,7 +144,7 @@ class Quality(Stage):
             ctx.log.info("quality: reused (%s)", source)
             return
         with ctx.quiet():
-            outcome = measure(ctx.trial, ctx.conn, ctx.log, req)
+            outcome = ctx.backend.measure_quality(ctx.trial, ctx.conn, ctx.log, req)
         ctx.record.merge(Result(metrics=outcome.metrics, tags={**tags, **outcome.tags}, artifacts=outcome.artifacts))
         figures = {k: v for k, v in outcome.metrics.items() if k in QUALITY_METRICS and k != "quality_wall_s"}
         ctx.session.known_quality[req.identity] = (f"trial {ctx.trial.label} of this sweep", figures)

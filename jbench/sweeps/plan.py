@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
 from jbench.core.schema import (DeviceConfig, FarmConfig, ProfileConfig, SweepConfig, TrackingConfig, bounds_problems,
                                 typed)
-from jbench.core.trial import Trial, TrialConfig, context_tokens, trial_config
+from jbench.core.trial import ChoosesKVTypes, SwitchesFlashAttention, Trial, TrialConfig, context_tokens, trial_config
 from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
@@ -222,21 +222,6 @@ def _local_ram_bytes() -> Optional[int]:
     except OSError:
         return None
     return None
-
-
-@runtime_checkable
-class ChoosesKVTypes(Protocol):
-    """A backend config that chooses the KV cache's types (llama.cpp's keys); the memory check counts f16 for others."""
-
-    cache_type_k: str
-    cache_type_v: str
-
-
-@runtime_checkable
-class SwitchesFlashAttention(Protocol):
-    """A backend config with a flash-attention switch (llama.cpp's key)."""
-
-    flash_attn: str
 
 
 def memory_check(cfg: TrialConfig, reserve_bytes: float) -> Optional[str]:

@@ -35,7 +35,7 @@ def precision_rank(quant: str) -> Optional[float]:
     except (RooflineError, KeyError):
         return None
     suffix = re.search(r"_(L|M|S|XS|XXS)$", str(quant).upper())
-    return 8 * size / block + (_SUFFIX[suffix.group(1)] if suffix else 0.04)
+    return 8 * size / block + (_SUFFIX[suffix.group(1)] if suffix else 0.0)
 
 
 def highest_precision(quants: list[str]) -> Optional[str]:
@@ -45,10 +45,9 @@ def highest_precision(quants: list[str]) -> Optional[str]:
 
 
 def _with_reference(trial: Trial, quant: str) -> Trial:
-    config = dict(trial.config)
-    config["quality"] = {**dict(config.get("quality") or {}), "reference": quant}
-    cfg = dataclasses.replace(trial.cfg, quality=dataclasses.replace(trial.cfg.quality, reference=quant))
-    return dataclasses.replace(trial, config=config).with_cfg(cfg)
+    quality = dataclasses.replace(trial.cfg.quality, reference=quant)
+    config = {**trial.config, "quality": dataclasses.asdict(quality)}
+    return dataclasses.replace(trial, config=config).with_cfg(dataclasses.replace(trial.cfg, quality=quality))
 
 
 def _vocab_size(path: str) -> Optional[int]:

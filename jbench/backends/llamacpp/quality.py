@@ -117,8 +117,11 @@ def measure_quality(backend: Any, trial: Trial, conn: Connection, log: logging.L
                                             f"on device '{conn.name}'")
     corpus = _device_corpus(conn, req, cache)
     logits = f"{cache}/ref-{req.reference_key}.kld"
+    # One chunk per batch: a batch larger than the context makes llama-perplexity score several sequences at once
+    # with that many more KV cells (the trial's own batch settings, where smaller, are kept: they change numerics).
+    n_batch = min(cfg.n_batch, req.context) if cfg.n_batch else req.context
     numerics = dict(context=req.context, chunks=req.chunks, n_gpu_layers=cfg.n_gpu_layers, threads=cfg.threads,
-                    n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch)
+                    n_batch=n_batch, n_ubatch=min(cfg.n_ubatch or 512, n_batch))
     out = QualityOutcome()
     started = time.monotonic()
     if conn.exists(logits):
