@@ -138,11 +138,12 @@ class Candidate:
             return None
         return self.same_top - Z_ONE_SIDED_95 * self.same_top_err if self.same_top_err is not None else self.same_top
 
-    def bits_text(self) -> str:
+    def bits_text(self, kv: bool = True) -> str:
+        """Bits per weight, and the KV types (`kv`: when they differ between the rows)."""
         parts = []
         if self.weight_bits is not None:
             parts.append(f"{self.weight_bits:.3g} bpw")
-        if self.kv is not None:
+        if kv and self.kv is not None:
             parts.append(f"KV {self.kv}")
         return ", ".join(parts)
 
@@ -204,6 +205,11 @@ class Choice:
     candidates: list[Candidate] = field(default_factory=list)  # every finished row, judged
 
     @property
+    def kv_varies(self) -> bool:
+        """The rows differ in their KV-cache types (only then are they named beside the bits)."""
+        return len({c.kv for c in self.candidates}) > 1
+
+    @property
     def key(self) -> Optional[Hashable]:
         """The chosen row's key (its position in a list, its index label in a frame); None when nothing is."""
         return self.chosen.key if self.chosen is not None else None
@@ -229,7 +235,7 @@ class Choice:
             return text
         c = self.chosen
         assert c is not None
-        bits = c.bits_text()
+        bits = c.bits_text(self.kv_varies)
         return (f"Choice within the quality bar ({bar}): {c.label}" + (f" ({bits})" if bits else "")
                 + f": {c.figures_text(self.speed_metric)}; {c.quality_text(True)}.")
 
@@ -469,6 +475,7 @@ def choose(rows: Rows, bar: Optional[QualityBar], *, speed_metric: str = "decode
         verdict, notes = judge(c, bar)
         judged.append(_replace(c, verdict=verdict, notes=c.notes + tuple(notes)))
     by_rank = sorted(judged, key=rank)
+    kv = len({c.kv for c in judged}) > 1
     meets = [c for c in by_rank if c.verdict == "meets"]
     noise = [c for c in by_rank if c.verdict == "within_noise"]
     unmeasured = [c for c in by_rank if c.verdict == "unmeasured" and c.measured]
@@ -489,12 +496,12 @@ def choose(rows: Rows, bar: Optional[QualityBar], *, speed_metric: str = "decode
                        "was chosen")
     reasons = [*reasons, *(f"{chosen.label}: {n}" for n in chosen.notes)]
     lower = [c for c in noise if rank(c) < rank(chosen)]
-    reasons += [f"{c.label} ({c.bits_text()}) meets within noise: {'; '.join(n for n in c.notes if 'straddles' in n)};"
+    reasons += [f"{c.label} ({c.bits_text(kv)}) meets within noise: {'; '.join(n for n in c.notes if 'straddles' in n)};"
                 f" more chunks (quality.chunks) would decide whether it meets the bar" for c in lower]
     runners = meets[1:4]
     if runners:
         reasons.append("runners-up: " + "; ".join(
-            f"{c.label} ({c.bits_text()}; {c.figures_text(speed_metric)}; {c.quality_text()})" for c in runners))
+            f"{c.label} ({c.bits_text(kv)}; {c.figures_text(speed_metric)}; {c.quality_text()})" for c in runners))
     return Choice("chosen", bar, speed_metric, chosen=chosen, reasons=reasons, runners_up=runners,
                   within_noise=noise, caveats=caveats, bits_basis=basis, candidates=judged)
 
