@@ -66,6 +66,7 @@ def test_quality_plots_and_the_choice_within_the_reports_bar(tmp_path):
     assert "- Q4_0 (4.56 bpw) meets within noise" in md
     assert f"- caveat: {MEANING}" in md and MEANING in html_text  # the caveat beside the choice, in both
     assert "from the report's option" in md
+    assert "<script" not in html_text and html_text.count('src="data:image/png;base64,') == len(files.pngs)
     table = [line for line in md.splitlines() if line.startswith("| orin") or line.startswith("| gemma3_270m, orin")]
     verdicts = [line.split("|")[-5].strip() for line in table]  # verdict, pareto_speed, pareto_energy, reference
     assert verdicts == ["within_noise", "chosen", "meets"], table
@@ -93,6 +94,14 @@ def test_without_a_bar_the_pareto_front_is_named(tmp_path):
     assert "Q4_0 (decode 60.0 tok/s" in head and "Q8_0 (decode 40.0 tok/s" in head and "Q4_K_M" not in head
     row = next(line for line in md.splitlines() if line.startswith("| gemma3_270m, orin | Q4_K_M |"))
     assert "| False | True |" in row  # off the speed front, on the energy front (3.2 tok/J beats Q8_0's 2.1)
+
+
+def test_quality_without_speed_figures_is_still_judged(tmp_path):
+    df = _frame().drop(columns=["metrics.decode_tps", "metrics.decode_tps_std"])
+    files = build_report(df, out_dir=tmp_path, quality_bar=QualityBar(max_kld=0.05))
+    md = files.markdown_path.read_text()
+    assert "Q4_K_M (4.89 bpw): decode_tps not measured, 3.2 tok/J" in md
+    assert not any(k.startswith("quality") for k in files.pngs)  # no speed: nothing to plot against
 
 
 def test_no_quality_figures_no_section_and_a_failed_quality_stage_says_why(tmp_path):

@@ -118,6 +118,7 @@ class Candidate:
     memory_what: str = ""
     verdict: str = "unmeasured"  # meets | within_noise | fails | unmeasured
     notes: tuple[str, ...] = ()
+    straddles: tuple[str, ...] = ()  # within noise: which figure's interval straddles the bar
     position: int = field(default=0, repr=False, compare=False)  # the row's place in the input: the last tie-break
 
     @property
@@ -181,7 +182,8 @@ class Candidate:
                 "quality_same_top_pct": self.same_top, "quality_same_top_pct_err": self.same_top_err,
                 "same_top_bound_95": self.same_top_bound, "speed": self.speed,
                 "tokens_per_joule": self.tokens_per_joule, "memory_mib": self.memory_mib,
-                "memory_what": self.memory_what or None, "verdict": self.verdict, "notes": list(self.notes)}
+                "memory_what": self.memory_what or None, "verdict": self.verdict, "notes": list(self.notes),
+                "straddles": list(self.straddles)}
 
 
 # status of a Choice: a configuration chosen, none meets the bar, no row has quality figures, no bar given (the
@@ -231,7 +233,7 @@ class Choice:
             n = sum(c.measured for c in self.candidates)
             text = f"No configuration meets the quality bar ({bar}): none of {n} with quality figures."
             if self.closest is not None:
-                text = text[:-1] + f"; closest: {self.closest.label} ({self.closest.quality_text()})."
+                text = text[:-1] + f"; closest: {self.closest.label} ({self.closest.quality_text(True)})."
             return text
         c = self.chosen
         assert c is not None
@@ -356,16 +358,17 @@ def _judge_one(mean: Optional[float], err: Optional[float], bound: float, upper:
     return "within_noise"
 
 
-def judge(c: Candidate, bar: QualityBar) -> tuple[str, list[str]]:
-    """A candidate's verdict against the bar and the notes that explain it."""
-    verdicts, notes = [], []
+def judge(c: Candidate, bar: QualityBar) -> tuple[str, list[str], list[str]]:
+    """A candidate's verdict against the bar, the notes that explain it, and the figures whose interval straddles
+    the bar."""
+    verdicts, notes, straddles = [], [], []
     if bar.max_kld is not None:
         v = _judge_one(c.kld, c.kld_err, bar.max_kld, upper=True)
         verdicts.append(v)
         if c.kld is not None and c.kld_err is None:
             notes.append(f"{KLD_ERR} not recorded: judged on the mean alone")
         if v == "within_noise":
-            notes.append(f"mean KLD {_g(c.kld)} ± {_g(c.kld_err)} nat: its interval (± {Z_ONE_SIDED_95} err, "
+            straddles.append(f"mean KLD {_g(c.kld)} ± {_g(c.kld_err)} nat: its interval (± {Z_ONE_SIDED_95} err, "
                          f"{_g(c.kld - Z_ONE_SIDED_95 * c.kld_err)} to {_g(c.kld_bound)}) straddles "
                          f"{_g(bar.max_kld)}")
     if bar.min_same_top_pct is not None:
@@ -374,9 +377,9 @@ def judge(c: Candidate, bar: QualityBar) -> tuple[str, list[str]]:
         if c.same_top is not None and c.same_top_err is None:
             notes.append(f"{SAME_TOP_ERR} not recorded: judged on the mean alone")
         if v == "within_noise":
-            notes.append(f"same top {c.same_top:.4g} ± {_g(c.same_top_err)} %: its interval (to "
+            straddles.append(f"same top {c.same_top:.4g} ± {_g(c.same_top_err)} %: its interval (to "
                          f"{c.same_top_bound:.4g}) straddles {_g(bar.min_same_top_pct)}")
-    return (max(verdicts, key=_ORDER.__getitem__) if verdicts else "unmeasured"), notes
+    return (max(verdicts, key=_ORDER.__getitem__) if verdicts else "unmeasured"), notes, straddles
 
 
 # --------------------------------------------------------------------------------------------
@@ -472,8 +475,8 @@ def choose(rows: Rows, bar: Optional[QualityBar], *, speed_metric: str = "decode
 
     judged = []
     for c in ranked:
-        verdict, notes = judge(c, bar)
-        judged.append(_replace(c, verdict=verdict, notes=c.notes + tuple(notes)))
+        verdict, notes, straddles = judge(c, bar)
+        judged.append(_replace(c, verdict=verdict, notes=c.notes + tuple(notes), straddles=tuple(straddles)))
     by_rank = sorted(judged, key=rank)
     kv = len({c.kv for c in judged}) > 1
     meets = [c for c in by_rank if c.verdict == "meets"]
@@ -481,8 +484,8 @@ def choose(rows: Rows, bar: Optional[QualityBar], *, speed_metric: str = "decode
     unmeasured = [c for c in by_rank if c.verdict == "unmeasured" and c.measured]
     if not meets:
         closest = _closest(judged, bar)
-        reasons = [f"{c.label} meets within noise: {'; '.join(n for n in c.notes if 'straddles' in n)}; more "
-                   "chunks (quality.chunks) would decide it" for c in noise]
+        reasons = [f"{c.label} meets within noise: {'; '.join(c.straddles)}; more chunks (quality.chunks) would "
+                   "decide it" for c in noise]
         reasons += [f"{c.label}: lacks a figure the bar names ({c.quality_text()})" for c in unmeasured]
         return Choice("none_meets", bar, speed_metric, reasons=reasons, within_noise=noise, closest=closest,
                       caveats=caveats, bits_basis=basis, candidates=judged)
@@ -496,8 +499,8 @@ def choose(rows: Rows, bar: Optional[QualityBar], *, speed_metric: str = "decode
                        "was chosen")
     reasons = [*reasons, *(f"{chosen.label}: {n}" for n in chosen.notes)]
     lower = [c for c in noise if rank(c) < rank(chosen)]
-    reasons += [f"{c.label} ({c.bits_text(kv)}) meets within noise: {'; '.join(n for n in c.notes if 'straddles' in n)};"
-                f" more chunks (quality.chunks) would decide whether it meets the bar" for c in lower]
+    reasons += [f"{c.label} ({c.bits_text(kv)}) meets within noise: {'; '.join(c.straddles)}; more chunks "
+                "(quality.chunks) would decide whether it meets the bar" for c in lower]
     runners = meets[1:4]
     if runners:
         reasons.append("runners-up: " + "; ".join(

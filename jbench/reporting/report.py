@@ -640,6 +640,9 @@ def _quality_rows(rows: pd.DataFrame, samples: dict) -> tuple[pd.DataFrame, list
              "roofline_bits_per_weight": FILE_BPW, "memory_peak_rss_mib": "metrics.memory_peak_rss_mib",
              "memory_ram_over_idle_mib": "metrics.memory_ram_over_idle_mib"}
     agg = _aggregate(rows, keys + key, samples, extra)
+    for c in ("decode_tps", "decode_tps_err"):  # a table without decode figures still has the columns
+        if c not in agg.columns:
+            agg[c] = math.nan
     firsts = {c: [] for c in (QUANT_P, KV_K, KV_V, QUALITY_MEANING, QUALITY_REFERENCE)}
     labels = []
     for _, g in rows.groupby(keys + key, sort=False, dropna=False):
