@@ -2,7 +2,8 @@
 
 The summary is a rich table on the terminal (readable at 80 columns, which is also what rich assumes
 in a pipe), or, with `-o md|csv|json|jsonl`, the same rows in that format on stdout while everything
-else goes to stderr (docs/cli.md).
+else goes to stderr (docs/cli.md). Under it, the choice within the sweep's quality bar when trials measured
+output quality (`cli/summary.py` `choice_lines`; docs/choosing.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rich.text import Text
 
 from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, _signals_as_interrupt, common_options,
                         console, err_console, main)
-from jbench.cli.summary import EARLIER, RUN_ID_CHARS, Eta, is_earlier, number, print_summary, scenario
+from jbench.cli.summary import (EARLIER, RUN_ID_CHARS, Eta, is_earlier, number, print_choice, print_summary,
+                                scenario)
 from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import ModelConfig, typed
 from jbench.runner.recorder import preload
@@ -301,10 +303,13 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             progress.stop()
             err_console.print("[yellow]interrupted: the current trial and the sweep are recorded as KILLED[/]")
             raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
+    done_keys = varying_keys([o.trial for o in result.outcomes])
     if fmt == "table":
-        print_summary(result, varying_keys([o.trial for o in result.outcomes]), trial_label, console)
+        print_summary(result, done_keys, trial_label, console)
     else:
         click.echo(format_records(_records([o.trial for o in result.outcomes], result.outcomes), fmt), nl=False)
+    # The choice within the quality bar: under the table, or on stderr beside -o's rows (stdout stays the rows).
+    print_choice(result, done_keys, trial_label, console)
     for note in result.notes[notes_shown:]:  # drops decided at preflight (backends not available)
         console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     for note in sorted({n for o in result.outcomes for n in o.notes}):  # said once per sweep, not once per trial

@@ -5,6 +5,13 @@ too long for its column is cut with `…` and its full text printed below the ta
 table with its own figures: tok/s (mean ± sd over the repetitions) for llama-bench-like trials, TTFT, ITL and
 end-to-end latency percentiles over the requests for llama.cpp's latency scenario. A trial resumed from an earlier
 sweep shows that run's figures, status `EARLIER` (`FINISHED (earlier)` in -o rows and MLflow's summary.json).
+Output quality (mean KLD, same-top %) and the backend's peak memory get a column each only when a trial of the table
+has them; at a width too narrow for them all, same-top % goes first, then the memory (both stay in -o rows).
+
+Below the tables, `choice_lines`: the choice within the sweep's quality bar (`quality.max_kld`,
+`quality.min_same_top_pct`; `jbench.analysis.choice`) with its speed, tokens per joule and memory, or that none
+meets it, or, without a bar, the speed/quality Pareto front; nothing when no trial measured quality and
+`quality.enabled` is off.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from jbench.analysis.choice import Choice, QualityBar, choose
 from jbench.backends.llamacpp.backend import LlamaCppConfig
 from jbench.core.results import Category, Status
 
@@ -77,6 +85,26 @@ def note_text(outcome: Any) -> str:
 class _Figure:
     header: str
     cell: Callable[[dict], str]
+    metric: str = ""  # an optional column's metric: shown only when a row has it
+
+
+def _cell(value: Any, spec: str) -> str:
+    """A figure by a format spec (`.3g`, `.0f`), `-` when missing."""
+    v = number(value)
+    return "-" if v is None else format(v, spec)
+
+
+# Optional columns, dropped from the last when the width is short: same top first, then the memory, then KLD.
+_OPTIONAL = (
+    _Figure("KLD\nmean", lambda m: _cell(m.get("quality_kld_mean"), ".3g"), "quality_kld_mean"),
+    _Figure("peak\nMiB", lambda m: _cell(m.get("memory_peak_rss_mib"), ".0f"), "memory_peak_rss_mib"),
+    _Figure("same\ntop %", lambda m: _cell(m.get("quality_same_top_pct"), ".1f"), "quality_same_top_pct"),
+)
+_OPTIONAL_TEXT = {"quality_kld_mean": "KLD mean: mean KL divergence of the next-token distributions against the "
+                                      "quality reference (quality_kld_mean, nat)",
+                  "memory_peak_rss_mib": "peak MiB: the backend process's peak resident set (memory_peak_rss_mib)",
+                  "quality_same_top_pct": "same top %: tokens whose most likely next token is the reference's "
+                                          "(quality_same_top_pct)"}
 
 
 def _shared(trials: list, setting: Callable[[Any], Any]) -> Optional[Any]:
@@ -160,6 +188,7 @@ def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str
 def _table(title: str, kind: str, rows: list, keys: list[str], label: Callable[[Any, list[str]], str],
            console: Console) -> SummaryTable:
     figures, caption = _figures(kind, [o.trial for o in rows])
+    optional = [f for f in _OPTIONAL if any(number(o.metrics.get(f.metric)) is not None for o in rows)]
     # The legend goes under the table, a line per entry, as messages are printed: never hard-wrapped (greppable).
     legend = [caption + (f"; trials vary {', '.join(keys)}" if keys else "")]
     if any(is_earlier(o) for o in rows):
@@ -170,32 +199,48 @@ def _table(title: str, kind: str, rows: list, keys: list[str], label: Callable[[
     labels = [label(o.trial, keys) for o in rows]
     notes = [" ".join(note_text(o).split()) for o in rows]  # one line: a multi-line error is shown below in full
 
-    def build(label_w: int, note_w: int, cells: bool) -> Table:
-        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    def build(label_w: int, note_w: int, cells: bool, shown: list[_Figure], narrow: bool = False) -> Table:
+        # narrow: one space less between columns (collapsed padding), tried before an optional column is dropped.
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow)
         table.add_column("#", justify="right", no_wrap=True)
         table.add_column("trial", width=label_w, no_wrap=True, overflow="ellipsis")
         table.add_column("status", no_wrap=True)
-        for f in figures:
+        for f in shown:
             table.add_column(f.header, justify="right", no_wrap=True)
         table.add_column("run id\n/ note", width=note_w, no_wrap=True, overflow="ellipsis")
         for o, lb, nt in zip(rows, labels, notes):
             color = {"FINISHED": "green", "FAILED": "red", "SKIPPED": "cyan"}.get(str(o.status), "yellow")
             color = "cyan" if is_earlier(o) else color
             table.add_row(str(o.trial.index), escape(_cut_middle(lb, label_w)) if cells else "",
-                          f"[{color}]{status_text(o)}[/]", *(f.cell(o.metrics) for f in figures),
+                          f"[{color}]{status_text(o)}[/]", *(f.cell(o.metrics) for f in shown),
                           escape(_cut(nt, note_w)) if cells else "")
         return table
 
-    # The width left for the label and the note once the fixed columns are laid out (measured, not assumed).
-    fixed = Measurement.get(console, console.options.update_width(10 ** 6), build(1, 1, False)).maximum - 2
-    room = console.width - fixed
     need_label = max([cell_len(lb) for lb in labels] + [len("trial")])
     need_note = max([cell_len(nt) for nt in notes] + [len("/ note")])
     # The note keeps at least the run id (and a `…` when it is cut); the label gets the rest first.
     min_note = min(need_note, RUN_ID_CHARS + 1)
+    dropped: list[_Figure] = []
+    # Without optional columns the layout is as it always was; with them, narrower gaps first, then fewer columns.
+    tries = [False, True] if optional else [False]
+    while True:
+        shown = figures + optional
+        for narrow in tries:
+            # The width left for the label and the note once the fixed columns are laid out (measured, not assumed).
+            fixed = Measurement.get(console, console.options.update_width(10 ** 6),
+                                    build(1, 1, False, shown, narrow)).maximum - 2
+            room = console.width - fixed
+            if room >= min(need_label, 8) + min_note:
+                break
+        if room >= min(need_label, 8) + min_note or not optional:
+            break
+        dropped.insert(0, optional.pop())  # the least needed first: same top %, then the memory
+    legend += [_OPTIONAL_TEXT[f.metric] for f in optional]
+    if dropped:
+        legend.append(f"left out at this width (in -o csv/json and MLflow): {', '.join(f.metric for f in dropped)}")
     label_w = max(min(need_label, room - min_note), min(need_label, 8))
     note_w = max(min(need_note, room - label_w), min_note)
-    table = build(label_w, note_w, True)
+    table = build(label_w, note_w, True, shown, narrow)
     cut = [f"{o.trial.index} {lb}: {note_text(o)}" for o, lb, nt in zip(rows, labels, notes)
            if cell_len(lb) > label_w or cell_len(nt) > note_w]
     return SummaryTable(table, legend, cut)
@@ -211,6 +256,86 @@ def print_summary(outcome: Any, keys: list[str], label: Callable[[Any, list[str]
             console.print("in full:", highlight=False)
             for line in part.cut:
                 console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+
+
+# --- The choice within the quality bar ----------------------------------------------------------------------
+
+
+def _bar(trials: list) -> tuple[Optional[QualityBar], bool, list[str]]:
+    """The sweep's quality bar (its trials' `quality.max_kld` / `quality.min_same_top_pct`), whether any trial had
+    `quality.enabled`, and notes. Trials that set different bars: the strictest of each (said in a note)."""
+    qs = [getattr(t.cfg, "quality", None) for t in trials]
+    qs = [q for q in qs if q is not None]
+    enabled = any(getattr(q, "enabled", False) for q in qs)
+    kld = {q.max_kld for q in qs if getattr(q, "max_kld", None) is not None}
+    top = {q.min_same_top_pct for q in qs if getattr(q, "min_same_top_pct", None) is not None}
+    notes = []
+    if len(kld) > 1 or len(top) > 1:
+        notes.append("the trials set different quality bars: the strictest of each is applied")
+    bar = QualityBar(min(kld) if kld else None, max(top) if top else None)
+    return (None if bar.empty else bar), enabled, notes
+
+
+def _choice_row(o: Any, label: str) -> dict[str, Any]:
+    """What the choice reads of one outcome: label, status, quant, KV types, metrics, the quality tags."""
+    cfg = o.trial.cfg
+    b = cfg.backend
+    status = EARLIER if is_earlier(o) else str(o.status)
+    row: dict[str, Any] = {"label": label, "status": status,
+                           "model.quant": getattr(getattr(cfg, "model", None), "quant", None),
+                           "backend.cache_type_k": getattr(b, "cache_type_k", None),
+                           "backend.cache_type_v": getattr(b, "cache_type_v", None)}
+    row.update(o.metrics or {})
+    tags = getattr(getattr(o, "record", None), "tags", None) or {}
+    for k in ("quality.meaning", "quality.reference", "quality.status"):
+        if tags.get(k):
+            row[k] = tags[k]
+    return row
+
+
+def _group(o: Any) -> tuple[str, str]:
+    cfg = o.trial.cfg
+    device = getattr(o, "device", None) or getattr(getattr(cfg, "device", None), "name", None) or ""
+    model = getattr(getattr(cfg, "model", None), "name", None) or ""
+    return str(device), str(model)
+
+
+def sweep_choices(outcome: Any, keys: list[str],
+                  label: Callable[[Any, list[str]], str]) -> list[tuple[tuple[str, str], Choice]]:
+    """The choice within the sweep's quality bar per (device, model) of the bench scenario's trials; empty when no
+    trial measured quality and `quality.enabled` is off."""
+    outcomes = [o for o in outcome.outcomes if scenario(o.trial) != LATENCY]
+    bar, enabled, _ = _bar([o.trial for o in outcomes])
+    measured = any(number((o.metrics or {}).get(m)) is not None for o in outcomes
+                   for m in ("quality_kld_mean", "quality_same_top_pct"))
+    if not outcomes or not (measured or enabled):
+        return []
+    groups: dict[tuple[str, str], list] = {}
+    for o in outcomes:
+        groups.setdefault(_group(o), []).append(o)
+    return [(g, choose([_choice_row(o, label(o.trial, keys)) for o in os_], bar)) for g, os_ in groups.items()]
+
+
+def choice_lines(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str]) -> list[str]:
+    """The choice as the summary prints it: per (device, model) a headline and its reasons (indented), the caveat
+    of what the quality figures measure; a line per group only when the sweep has several."""
+    choices = sweep_choices(outcome, keys, label)
+    _, _, notes = _bar([o.trial for o in outcome.outcomes if scenario(o.trial) != LATENCY])
+    lines: list[str] = []
+    for (device, model), choice in choices:
+        prefix = f"{model} on {device}: " if len(choices) > 1 else ""
+        lines.append("quality: " + prefix + choice.headline())
+        lines += [f"  {r}" for r in choice.reasons]
+        lines += [f"  caveat: {c}" for c in choice.caveats]
+    if lines:
+        lines += [f"  note: {n}" for n in notes]
+    return lines
+
+
+def print_choice(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str], console: Console) -> None:
+    """`choice_lines` on the console, never hard-wrapped (greppable)."""
+    for line in choice_lines(outcome, keys, label):
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 class Eta:

@@ -23,6 +23,13 @@ and why), each followed by the table of the numbers behind it:
     joule per params.power.mode;
   * telemetry timelines (when `telemetry` is given, e.g. from jbench.tracking.telemetry_frame): power,
     GPU clock and temperature against seconds since the run's first sample, phases shaded;
+  * quality and memory (each only when some trial recorded such figures; docs/choosing.md): per model and device,
+    decode tok/s and decode tokens per joule against the mean KL divergence from the quality reference
+    (metrics.quality_kld_mean, error bars from quality_kld_mean_err and the rates' spread), the Pareto front of each
+    marked, the quality bar drawn, and the choice within the bar (`jbench.analysis.choice`) named in words with
+    the caveat of the runs' quality.meaning tag; the bar is the report's `quality_bar` option, else the runs'
+    params/tags quality.max_kld and quality.min_same_top_pct. Memory: per trial the measured peak, the prediction
+    and its error, and the audit of each trial (`jbench.analysis.memory.audit`);
   * findings: every tag `finding.<name>` of the runs.
 Error bars are the standard deviation of the pooled repetition samples when `samples` are given,
 else the root mean square of the runs' `<rate>_std`. Every rate axis (tok/s, tokens per joule) starts at zero, and
@@ -46,9 +53,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from jbench.analysis.choice import Choice, QualityBar, choose, pareto_front
 from jbench.analysis.compare import TPJ_RE, SamplesArg, normalize_samples
 from jbench.analysis.roofline import RooflineError, bytes_per_weight, dominant_ggml_type
 from jbench.reporting.exporters import export
+
+try:  # the memory audit (`audit(metrics, tags)`, `audit_markdown(lines)`); the report says so when it is absent
+    from jbench.analysis import memory as memory_audit
+except ImportError:
+    memory_audit = None
 
 __all__ = ["ReportFiles", "build_report", "export_frame", "bits_per_weight", "pareto_frontier"]
 
@@ -89,6 +102,9 @@ class _Section:
     text: str = ""
     figures: list[tuple[str, bytes]] = field(default_factory=list)  # (file stem, PNG bytes)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # lines shown as a list under the text (a choice and its reasons)
+    # (caption, markdown, the same as a frame for HTML): blocks another module renders as markdown (memory audits)
+    blocks: list[tuple[str, str, pd.DataFrame]] = field(default_factory=list)
     missing: str = ""  # "not enough data for ...": why nothing is drawn
     alts: dict[str, str] = field(default_factory=dict)  # file stem -> what the figure's axes show (the img alt text)
 
@@ -545,6 +561,247 @@ def _power_modes(rows: pd.DataFrame, samples: dict) -> _Section:
     return sec
 
 
+# Output quality and memory (docs/choosing.md)
+
+KLD, KLD_ERR = "metrics.quality_kld_mean", "metrics.quality_kld_mean_err"
+SAME_TOP, SAME_TOP_ERR = "metrics.quality_same_top_pct", "metrics.quality_same_top_pct_err"
+QUALITY_MEANING, QUALITY_STATUS = "tags.quality.meaning", "tags.quality.status"
+QUALITY_REFERENCE = "tags.quality.reference"
+# The bar as the runs may carry it (a param or tag of the quality config); the report's own option wins.
+BAR_COLUMNS = {"max_kld": ("params.quality.max_kld", "tags.quality.max_kld"),
+               "min_same_top_pct": ("params.quality.min_same_top_pct", "tags.quality.min_same_top_pct")}
+MODEL = "params.model.name"
+MEMORY_COLUMNS = (("peak_rss_mib", "metrics.memory_peak_rss_mib"), ("predicted_mib", "metrics.memory_predicted_mib"),
+                  ("prediction_error_pct", "metrics.memory_prediction_error_pct"),
+                  ("backend_total_mib", "metrics.memory_backend_total_mib"),
+                  ("unexplained_mib", "metrics.memory_unexplained_mib"),
+                  ("ram_over_idle_mib", "metrics.memory_ram_over_idle_mib"),
+                  ("gpu_over_idle_mib", "metrics.memory_gpu_over_idle_mib"),
+                  ("swap_over_idle_mib", "metrics.memory_swap_over_idle_mib"))
+MAX_AUDITS = 40
+
+
+def _has(df: pd.DataFrame, *cols: str) -> bool:
+    return any(c in df.columns and pd.to_numeric(df[c], errors="coerce").notna().any() for c in cols)
+
+
+def _report_bar(rows: pd.DataFrame, option: Optional[QualityBar]) -> tuple[Optional[QualityBar], str]:
+    """The quality bar and where it came from: the report's option, else the runs' quality.* params or tags (the
+    strictest when runs differ)."""
+    if option is not None and not option.empty:
+        return option, "the report's option"
+    found: dict[str, Optional[float]] = {}
+    for name, cols in BAR_COLUMNS.items():
+        vals = pd.concat([pd.to_numeric(rows[c], errors="coerce") for c in cols if c in rows.columns] or
+                         [pd.Series(dtype=float)]).dropna()
+        found[name] = None if vals.empty else float(vals.min() if name == "max_kld" else vals.max())
+    bar = QualityBar(found["max_kld"], found["min_same_top_pct"])
+    return (None, "") if bar.empty else (bar, "the runs' quality config")
+
+
+def _first(g: pd.DataFrame, col: str) -> Any:
+    if col not in g.columns:
+        return None
+    vals = g[col].dropna()
+    return vals.iloc[0] if len(vals) else None
+
+
+def _model_device_groups(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) per model and device, as the quality plots are drawn: one figure each."""
+    by = [c for c in (MODEL, DEVICE) if c in rows.columns]
+    if not by:
+        return [("all runs", rows)]
+    out = []
+    for key, g in rows.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        out.append((", ".join(str(k) for k in key if isinstance(k, str) and k) or "all runs", g))
+    return out
+
+
+def _point_label(keys: list[str], values: tuple) -> str:
+    """A point's name on a plot: a name (Q4_0, q8_0) as it is, a number with its key (depth=4096)."""
+    parts = []
+    for k, v in zip(keys, values):
+        text = str(v)
+        short = _SHORT.get(k, k.split(".", 1)[-1])
+        parts.append(text if isinstance(v, str) and not text.replace(".", "").isdigit() and k not in (KV_K, KV_V)
+                     else f"{short}={text}")
+    return " ".join(parts)
+
+
+def _quality_rows(rows: pd.DataFrame, samples: dict) -> tuple[pd.DataFrame, list[str]]:
+    """One row per configuration of a model/device group: its label, quant and KV types, decode and prefill (mean,
+    error), tokens per joule, the quality figures, the file's bits per weight, memory, the quality tags."""
+    key = ["tags.jbench.config_hash"] if "tags.jbench.config_hash" in rows.columns else ["run_id"]
+    keys = _varying(rows, exclude=(DEVICE, MODEL))
+    tpj = _tpj_column(rows)
+    extra = {"quality_kld_mean": KLD, "quality_kld_mean_err": KLD_ERR, "quality_same_top_pct": SAME_TOP,
+             "quality_same_top_pct_err": SAME_TOP_ERR, "decode_tokens_per_joule": tpj or "",
+             "roofline_bits_per_weight": FILE_BPW, "memory_peak_rss_mib": "metrics.memory_peak_rss_mib",
+             "memory_ram_over_idle_mib": "metrics.memory_ram_over_idle_mib"}
+    agg = _aggregate(rows, keys + key, samples, extra)
+    for c in ("decode_tps", "decode_tps_err"):  # a table without decode figures still has the columns
+        if c not in agg.columns:
+            agg[c] = math.nan
+    firsts = {c: [] for c in (QUANT_P, KV_K, KV_V, QUALITY_MEANING, QUALITY_REFERENCE)}
+    labels = []
+    for _, g in rows.groupby(keys + key, sort=False, dropna=False):
+        for c in firsts:
+            firsts[c].append(_first(g, c))
+        labels.append(_first(g, "tags.jbench.trial_label"))
+    for c, vals in firsts.items():
+        agg[c] = vals
+    agg["label"] = [_point_label(keys, tuple(r[k] for k in keys)) if keys else (lb or "all runs")
+                    for (_, r), lb in zip(agg.iterrows(), labels)]
+    return agg.drop(columns=key), keys
+
+
+def _quality_figure(agg: pd.DataFrame, choice: Choice, bar: Optional[QualityBar], title: str):
+    """decode tok/s (and decode tokens per joule) against mean KLD, Pareto fronts marked, the bar and the choice."""
+    has_tpj = agg["decode_tokens_per_joule"].notna().any()
+    fig, axes = _figure(1, 2 if has_tpj else 1, size=(11.0 if has_tpj else 8.0, 5.0))
+    panels = [("decode_tps", "decode_tps_err", "decode tok/s", "speed")]
+    if has_tpj:
+        panels.append(("decode_tokens_per_joule", None, "decode tokens per joule", "energy"))
+    fronts = {}
+    for ax, (y, yerr, ylabel, what) in zip(axes, panels):
+        pts = agg.dropna(subset=["quality_kld_mean", y])
+        for i, (_, r) in enumerate(pts.iterrows()):
+            ax.errorbar([r["quality_kld_mean"]], [r[y]],
+                        xerr=[0 if pd.isna(r["quality_kld_mean_err"]) else r["quality_kld_mean_err"]],
+                        yerr=[0 if yerr is None or pd.isna(r.get(yerr)) else r[yerr]], fmt="o", color=f"C{i % 10}",
+                        capsize=3, label="_point")  # named by its annotation, not in the legend
+            ax.annotate(str(r["label"]), (r["quality_kld_mean"], r[y]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+        front = pareto_front(pts, "quality_kld_mean", y, x_better="lower", y_better="higher")
+        fronts[what] = front
+        fr = pts.loc[front].sort_values("quality_kld_mean")
+        if len(fr):
+            ax.step(fr["quality_kld_mean"], fr[y], where="post", color="black", linestyle=":",
+                    label="Pareto front")
+            ax.plot(fr["quality_kld_mean"], fr[y], linestyle="none", marker="o", markersize=12, mfc="none",
+                    mec="black", label="_front")
+        if bar is not None and bar.max_kld is not None:
+            ax.axvline(bar.max_kld, color="red", linestyle="--", alpha=0.7, label=f"bar: mean KLD <= {bar.max_kld:g}")
+        if choice.chosen is not None and choice.key in pts.index:
+            ax.plot([pts.loc[choice.key, "quality_kld_mean"]], [pts.loc[choice.key, y]], linestyle="none",
+                    marker="*", markersize=16, color="gold", mec="black", label="choice within the bar")
+        ax.set_xlabel("mean KL divergence from the reference (nat; lower is better)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{what} vs quality: {title}", fontsize=9)
+        ax.margins(x=0.12, y=0.12)  # room for the points' names
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+    _rates_from_zero(*axes)
+    _legend(fig, axes)
+    return fig, fronts
+
+
+def _quality(rows: pd.DataFrame, samples: dict, option: Optional[QualityBar]) -> _Section:
+    sec = _Section("quality", "Quality and memory: the choice within the quality bar")
+    figures = [pd.to_numeric(rows[c], errors="coerce").notna() for c in (KLD, SAME_TOP) if c in rows.columns]
+    measured = rows[np.logical_or.reduce(figures)] if figures else rows.iloc[0:0]
+    bar, source = _report_bar(rows, option)
+    sec.text = (f"Quality bar: {bar.describe()} (from {source}). A configuration meets it when its mean plus "
+                f"1.645 x its standard error is within it; an interval that straddles it is 'within noise'."
+                if bar is not None else "No quality bar set (quality.max_kld, quality.min_same_top_pct, or the "
+                "report's option): each model and device gets its speed/quality Pareto front instead.")
+    if QUALITY_STATUS in rows.columns:
+        without = rows[rows[QUALITY_STATUS].notna() & ~rows.index.isin(measured.index)]
+        if len(without):
+            reasons = "; ".join(sorted({str(v) for v in without[QUALITY_STATUS]}))
+            sec.text += f" {len(without)} finished trial(s) have no quality figures: {reasons}."
+    if measured.empty:
+        sec.missing = "no finished trial has quality figures (metrics.quality_kld_mean): no choice is made"
+        return sec
+    groups = _model_device_groups(measured)
+    tables = []
+    for n, (title, g) in enumerate(groups, start=1):
+        agg, _ = _quality_rows(g, samples)
+        choice = choose(agg, bar)
+        prefix = f"{title}: " if len(groups) > 1 else ""
+        sec.notes += [prefix + line for line in choice.lines()]
+        stem = f"quality_{n}"
+        if agg["quality_kld_mean"].notna().any() and agg["decode_tps"].notna().any():
+            fig, fronts = _quality_figure(agg, choice, bar, title)
+            sec.figures.append((stem, _png(fig)))
+            sec.alts[stem] = _describe(fig)
+        else:
+            fronts = {}
+        verdicts = {c.key: c for c in choice.candidates}
+        table = pd.DataFrame({
+            "model / device": title, "configuration": agg["label"], "quant": agg[QUANT_P],
+            "kv": [(k if k == v or v is None else f"{k}/{v}") if k is not None else None
+                   for k, v in zip(agg[KV_K], agg[KV_V])],
+            "file_bits_per_weight": agg["roofline_bits_per_weight"],
+            "kld_mean": agg["quality_kld_mean"], "kld_err": agg["quality_kld_mean_err"],
+            "kld_bound_95": [verdicts[k].kld_bound if k in verdicts else None for k in agg.index],
+            "same_top_pct": agg["quality_same_top_pct"], "same_top_err": agg["quality_same_top_pct_err"],
+            "decode_tps": agg["decode_tps"], "decode_tokens_per_joule": agg["decode_tokens_per_joule"],
+            "peak_rss_mib": agg["memory_peak_rss_mib"],
+            "verdict": [("chosen" if k == choice.key else verdicts[k].verdict) if k in verdicts and bar is not None
+                        else None for k in agg.index],
+            "pareto_speed": [k in fronts.get("speed", ()) for k in agg.index],
+            "pareto_energy": [k in fronts.get("energy", ()) for k in agg.index] if "energy" in fronts else None,
+            "reference": agg[QUALITY_REFERENCE],
+        })
+        tables.append(table.dropna(axis=1, how="all"))
+    sec.tables.append(("per configuration: quality against the reference (err: about one standard error; bound: "
+                       "mean + 1.645 err), speed, energy and peak memory; pareto = on that front",
+                       pd.concat(tables, ignore_index=True)))
+    return sec
+
+
+def _trial_name(r: pd.Series) -> str:
+    label = r.get("tags.jbench.trial_label")
+    return label if isinstance(label, str) and label else str(r.get("run_id", ""))[:12]
+
+
+def _memory(rows: pd.DataFrame) -> _Section:
+    sec = _Section("memory", "Memory")
+    cols = [c for _, c in MEMORY_COLUMNS if c in rows.columns]
+    has = rows[[c for c in cols]].apply(pd.to_numeric, errors="coerce").notna().any(axis=1) if cols else None
+    if has is None or not has.any():
+        sec.missing = "no finished trial has memory figures (metrics.memory_*)"
+        return sec
+    rows = rows[has]
+    table = pd.DataFrame({"trial": [_trial_name(r) for _, r in rows.iterrows()]}, index=rows.index)
+    for c in (QUANT_P, KV_K, DEPTH):
+        if c in rows.columns:
+            table[c] = rows[c]
+    for name, c in MEMORY_COLUMNS:
+        if c in rows.columns:
+            table[name] = pd.to_numeric(rows[c], errors="coerce")
+    if "tags.memory.status" in rows.columns:
+        table["memory_status"] = rows["tags.memory.status"]
+    table = table.dropna(axis=1, how="all")
+    if "prediction_error_pct" in table.columns and table["prediction_error_pct"].notna().any():
+        err = table["prediction_error_pct"].dropna()
+        worst = err.abs().idxmax()
+        sec.text = (f"Prediction error (100 x (measured - predicted) / measured; positive: the prediction was short): "
+                    f"median {err.median():.3g} %, largest {err[worst]:.3g} % ({table.loc[worst, 'trial']}) over "
+                    f"{len(err)} trial(s).")
+    sec.tables.append(("per trial: the measured peak (MiB) beside the prediction and its error",
+                       _rename_for_table(table.reset_index(drop=True))))
+    if memory_audit is None:
+        sec.text = (sec.text + " The per-trial memory audit needs jbench.analysis.memory, which this installation "
+                    "lacks.").strip()
+        return sec
+    for n, (_, r) in enumerate(rows.iterrows()):
+        if n == MAX_AUDITS:
+            sec.text = (sec.text + f" Audits of the first {MAX_AUDITS} of {len(rows)} trials.").strip()
+            break
+        metrics = {c[len("metrics."):]: float(v) for c, v in r.items()
+                   if c.startswith("metrics.") and isinstance(v, (int, float)) and not pd.isna(v)}
+        tags = {c[len("tags."):]: v for c, v in r.items() if c.startswith("tags.") and isinstance(v, str)}
+        lines = memory_audit.audit(metrics, tags)
+        if not lines:
+            continue
+        frame = pd.DataFrame([{"what": a.label, "mib": a.mib, "source": a.source} for a in lines])
+        sec.blocks.append((f"memory audit: {_trial_name(r)}", memory_audit.audit_markdown(lines), frame))
+    return sec
+
+
 def _phase_windows(tel: pd.DataFrame) -> list[tuple[str, float, float]]:
     if "phase" not in tel.columns:
         return []
@@ -663,11 +920,15 @@ def _render_html(title: str, sections: list[_Section], pngs: dict[str, bytes]) -
             parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
         if s.text:
             parts.append(f"<p>{html.escape(s.text)}</p>")
+        if s.notes:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
         for stem, _ in s.figures:
             data = base64.b64encode(pngs[stem]).decode("ascii")
             alt = html.escape(f"{stem}: {s.alts[stem]}" if s.alts.get(stem) else stem)
             parts.append(f'<p><img alt="{alt}" src="data:image/png;base64,{data}"></p>')
         for caption, table in s.tables:
+            parts.append(f'<p><em>{html.escape(caption)}</em></p><div class="tablewrap">{_html_table(table)}</div>')
+        for caption, _, table in s.blocks:
             parts.append(f'<p><em>{html.escape(caption)}</em></p><div class="tablewrap">{_html_table(table)}</div>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
@@ -681,10 +942,14 @@ def _render_markdown(title: str, sections: list[_Section], files: dict[str, Path
             lines += [f"_{s.missing}_", ""]
         if s.text:
             lines += [s.text, ""]
+        if s.notes:
+            lines += [f"- {n}" for n in s.notes] + [""]
         for stem, _ in s.figures:
             lines += [f"![{stem}]({files[stem].name})", ""]
         for caption, table in s.tables:
             lines += [f"_{caption}_", "", _md_table(table)]
+        for caption, markdown, _ in s.blocks:
+            lines += [f"_{caption}_", "", markdown.rstrip("\n"), ""]
     return "\n".join(lines)
 
 
@@ -695,6 +960,7 @@ def build_report(
     *,
     out_dir: str | Path,
     title: str = "jbench report",
+    quality_bar: Optional[QualityBar] = None,
 ) -> ReportFiles:
     """Write report.html, report.md and the PNGs into out_dir (created); see the module doc.
 
@@ -705,6 +971,9 @@ def build_report(
     same label form a shaded window); windows may also come as telemetry.attrs["phases"] =
     [{"run_id": ..., "phase": ..., "t0"/"start": ..., "t1"/"end": ...}], which is what
     `jbench.tracking.reader.telemetry_frame` returns from the runs' telemetry artifacts.
+    quality_bar: the bar of the choice within the quality bar (wins over the runs' quality.max_kld /
+    quality.min_same_top_pct params or tags). The quality and memory sections appear only when some finished
+    trial has such figures.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -720,6 +989,11 @@ def build_report(
         _context_scaling(finished, norm),
         _power_modes(finished, norm),
     ]
+    # Sections of figures older stores do not have: shown only where some finished trial recorded them.
+    if _has(finished, KLD, SAME_TOP) or (QUALITY_STATUS in finished.columns and finished[QUALITY_STATUS].notna().any()):
+        sections.append(_quality(finished, norm, quality_bar))
+    if _has(finished, *(c for _, c in MEMORY_COLUMNS)):
+        sections.append(_memory(finished))
     if telemetry is not None:
         sections.append(_telemetry(telemetry, trials))
     sections.append(_findings(df))
