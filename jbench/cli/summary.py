@@ -32,6 +32,7 @@ from rich.text import Text
 from jbench.analysis.choice import Choice, QualityBar, choose
 from jbench.backends.llamacpp.backend import LlamaCppConfig
 from jbench.core.results import Category, Status
+from jbench.core.trial import ChoosesKVTypes
 
 RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
 EARLIER = "FINISHED (earlier)"  # a resumed trial's status in rows, as in the sweep's summary.json
@@ -264,11 +265,10 @@ def print_summary(outcome: Any, keys: list[str], label: Callable[[Any, list[str]
 def _bar(trials: list) -> tuple[Optional[QualityBar], bool, list[str]]:
     """The sweep's quality bar (its trials' `quality.max_kld` / `quality.min_same_top_pct`), whether any trial had
     `quality.enabled`, and notes. Trials that set different bars: the strictest of each (said in a note)."""
-    qs = [getattr(t.cfg, "quality", None) for t in trials]
-    qs = [q for q in qs if q is not None]
-    enabled = any(getattr(q, "enabled", False) for q in qs)
-    kld = {q.max_kld for q in qs if getattr(q, "max_kld", None) is not None}
-    top = {q.min_same_top_pct for q in qs if getattr(q, "min_same_top_pct", None) is not None}
+    qs = [t.cfg.quality for t in trials]
+    enabled = any(q.enabled for q in qs)
+    kld = {q.max_kld for q in qs if q.max_kld is not None}
+    top = {q.min_same_top_pct for q in qs if q.min_same_top_pct is not None}
     notes = []
     if len(kld) > 1 or len(top) > 1:
         notes.append("the trials set different quality bars: the strictest of each is applied")
@@ -279,12 +279,11 @@ def _bar(trials: list) -> tuple[Optional[QualityBar], bool, list[str]]:
 def _choice_row(o: Any, label: str) -> dict[str, Any]:
     """What the choice reads of one outcome: label, status, quant, KV types, metrics, the quality tags."""
     cfg = o.trial.cfg
-    b = cfg.backend
+    kv = (cfg.backend.cache_type_k, cfg.backend.cache_type_v) if isinstance(cfg.backend, ChoosesKVTypes) else (None,
+                                                                                                              None)
     status = EARLIER if is_earlier(o) else str(o.status)
-    row: dict[str, Any] = {"label": label, "status": status,
-                           "model.quant": getattr(getattr(cfg, "model", None), "quant", None),
-                           "backend.cache_type_k": getattr(b, "cache_type_k", None),
-                           "backend.cache_type_v": getattr(b, "cache_type_v", None)}
+    row: dict[str, Any] = {"label": label, "status": status, "model.quant": cfg.model.quant,
+                           "backend.cache_type_k": kv[0], "backend.cache_type_v": kv[1]}
     row.update(o.metrics or {})
     tags = getattr(getattr(o, "record", None), "tags", None) or {}
     for k in ("quality.meaning", "quality.reference", "quality.status"):
@@ -295,9 +294,7 @@ def _choice_row(o: Any, label: str) -> dict[str, Any]:
 
 def _group(o: Any) -> tuple[str, str]:
     cfg = o.trial.cfg
-    device = getattr(o, "device", None) or getattr(getattr(cfg, "device", None), "name", None) or ""
-    model = getattr(getattr(cfg, "model", None), "name", None) or ""
-    return str(device), str(model)
+    return str(o.device or cfg.device.name or ""), str(cfg.model.name or "")
 
 
 def sweep_choices(outcome: Any, keys: list[str],
