@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Mapping, Optional, Protocol, TypeVar, Union
 
+from jbench.analysis.memory import BufferAccount
 from jbench.core import registry
 from jbench.core.results import BackendResult
 from jbench.core.schema import typed
@@ -92,6 +93,18 @@ class Capabilities:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class MemoryPass:
+    """What a backend's memory pass measured (jbench.runner.memory): the process's peak resident set (KiB;
+    None when the wrapper printed none), the backend's own buffer account from its log (None when it printed no
+    buffer line), its stderr without the wrapper's marker, and the command it ran (the backend's own, unwrapped)."""
+
+    command: list[str]
+    raw_stderr: str
+    peak_rss_kib: Optional[int] = None
+    account: Optional[BufferAccount] = None
+
+
 class Backend(ABC, Generic[ConfigT]):
     NAME: ClassVar[str]
     CAPABILITIES: ClassVar[Capabilities]
@@ -137,6 +150,24 @@ class Backend(ABC, Generic[ConfigT]):
         Phases carry device-clock end times where the backend can give them (PhaseResult.window).
         only_phase/repetitions run one phase with more repetitions: the energy pass for phases whose
         speed window is too short to integrate power over."""
+
+    def memory_pass(self, trial: Trial, conn: Connection, log: logging.Logger) -> Optional[MemoryPass]:
+        """Run the trial's workload once more to account for its memory (peak RSS, the backend's buffers); raise
+        BackendError when that run fails. None: this backend reports no memory account."""
+        return None
+
+    @classmethod
+    def buffer_settings(cls, cfg: Any) -> Optional[dict[str, str]]:
+        """The settings of a trial's backend section (this backend's CONFIG) that shape its memory buffers, as
+        strings, the context size as the backend computes it among them: the measured-buffer cache's key
+        (jbench.models.memory_facts). None: the backend keeps no buffer account."""
+        return None
+
+    @classmethod
+    def planned_build(cls, cfg: Any) -> Optional[str]:
+        """The build id (as `build_id` reads it on the device) a trial's backend section will run, as far as planning
+        can tell without a device; None: only the device can tell."""
+        return None
 
 
 def command_failure(tool: str, res: CommandResult, raw_output: Optional[str] = None,

@@ -14,6 +14,7 @@ import time
 from typing import Optional
 
 from jbench.analysis.energy import SpeedMatch, speed_match, withhold_per_token_energy
+from jbench.analysis.memory import telemetry_memory
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, energy_metrics, findings, mlflow_series
 from jbench.analysis.wall import board_coverage_metrics, wall_energy_metrics
 from jbench.device.connection import ConnectionLost, DeviceError
@@ -113,6 +114,9 @@ def measure(ctx: TrialContext) -> None:
         samples = sampler.stop()
         _stop_wall(wall, windows)
     metrics, tags = energy_metrics(samples, windows, energy, sampler.problem if not samples else None)
+    mem_metrics, mem_tags = telemetry_memory(samples, windows)  # RAM, swap, GPU memory over idle
+    metrics.update(mem_metrics)
+    tags.update(mem_tags)
     found_speed = _speed_match_record(metrics, tags, matches)
     tags["telemetry.source"] = sampler.source
     tags["telemetry.samples"] = str(len(samples))

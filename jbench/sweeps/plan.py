@@ -33,6 +33,8 @@ from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
 from jbench.models.gguf import GGUFMetaError
+from jbench.models import memory_facts
+from jbench.models.memory_facts import MeasuredBuffers, MemoryKey
 from jbench.core import registry
 
 GROUP_DIMS = ("device", "backend", "model", "tracking")  # tracking: one value only (one sweep, one store)
@@ -224,8 +226,37 @@ def _local_ram_bytes() -> Optional[int]:
     return None
 
 
+def _measured_buffers(cfg: TrialConfig) -> tuple[Optional[MeasuredBuffers], str]:
+    """The compute and output buffers measured before for this trial's configuration (same backend, build, device,
+    buffer settings and model file: jbench.models.memory_facts), and what the check then says about them."""
+    from jbench.backends.base import backend_class
+    from jbench.models.digest import model_digest
+
+    not_counted = "compute and output buffers not counted (never measured for this configuration: the reserve stands for them)"
+    try:
+        cls = backend_class(cfg.backend.name)
+    except KeyError:
+        return None, not_counted
+    settings, build = cls.buffer_settings(cfg.backend), cls.planned_build(cfg.backend)
+    if settings is None:
+        return None, f"compute and output buffers not counted (backend {cfg.backend.name} keeps no buffer account)"
+    if not build:
+        return None, "compute and output buffers not counted (the build is only known on the device)"
+    key = MemoryKey.of(cfg.backend.name, build, cfg.device.name, settings)
+    if not memory_facts.known(key):  # before the digest: a user's file is read whole once for it
+        return None, not_counted
+    model = model_digest(cfg.model)
+    measured = memory_facts.lookup(key, model) if model else None
+    if measured is None:
+        return None, not_counted
+    return measured, (f"compute {measured.compute_mib:.2f} MiB and output {measured.output_mib:.2f} MiB measured "
+                      f"{measured.describe()}")
+
+
 def memory_check(cfg: TrialConfig, reserve_bytes: float) -> Optional[str]:
-    """Model file + KV cache at the trial's context + reserve vs the device's RAM (None: fits or unknown)."""
+    """Model file + KV cache at the trial's context + the compute and output buffers measured for this configuration
+    before (when they were) + reserve vs the device's RAM (None: fits or unknown). The message says which parts are
+    measured and which estimated."""
     from jbench.models.store import ModelError, resolve_model_file
 
     try:
@@ -252,11 +283,16 @@ def memory_check(cfg: TrialConfig, reserve_bytes: float) -> Optional[str]:
         return None
     from jbench.analysis.roofline import memory_fit
 
-    fit = memory_fit(facts.size, kv, context, ram, reserve_bytes)
+    measured, buffers = _measured_buffers(cfg)
+    extra = (measured.compute_mib + measured.output_mib) * 2**20 if measured else 0.0
+    fit = memory_fit(facts.size + extra, kv, context, ram, reserve_bytes)
     if fit.fits:
         return None
-    return (f"model + KV cache at context {context} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
-            f"allows with a {reserve_bytes / 1e9:g} GB reserve: {fit.message}")
+    what = " + measured compute and output buffers" if measured else ""
+    counted = ", counted with the model below" if measured else ""
+    return (f"model + KV cache at context {context}{what} need {fit.needed_bytes / 1e9:.2f} GB, more than {where} "
+            f"allows with a {reserve_bytes / 1e9:g} GB reserve (model: the file's size; KV: estimated from the GGUF "
+            f"header; {buffers}{counted}): {fit.message}")
 
 
 def order(trials: list[Trial]) -> list[Trial]:

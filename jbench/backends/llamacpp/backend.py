@@ -9,6 +9,7 @@ load_mode), so nothing depends on field order or on fields jbench does not use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from jbench.analysis.memory import parse_buffers
 from jbench.device.connection import CommandTimeout, Connection
+from jbench.device.rusage import peak_rss_argv, split_peak_rss
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.core.schema import bounded
@@ -26,8 +29,8 @@ from jbench.core.results import BackendResult
 from jbench.backends.llamacpp import client, quality, server
 from jbench.core.quality import QualityOutcome, QualityRequest
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
-from jbench.backends.base import (Backend, BackendError, Capabilities, command_failure, device_model_path, size_problems,
-                                  timeout_failure)
+from jbench.backends.base import (Backend, BackendError, Capabilities, MemoryPass, command_failure, device_model_path,
+                                  size_problems, timeout_failure)
 
 BINARIES = ("llama-bench", "llama-quantize", "llama-server", "llama-perplexity", "llama-tokenize")
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -269,6 +272,61 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr,
                              build={**build, "binary_dir": self.binary_dir()}, info=info,
                              command=argv, start_time=start_stamp(res.stdout))
+
+
+    def memory_pass(self, trial: Trial, conn: Connection, log: logging.Logger) -> Optional[MemoryPass]:
+        """llama-bench once more with the trial's settings, one repetition, no warm-up, `-v` (llama.cpp's log, which
+        llama-bench silences otherwise, prints every buffer's size), under the peak-RSS wrapper. A run of its own:
+        verbose logging never touches a timed pass. BackendError when it fails (out_of_memory recognised)."""
+        cfg = self.config_of(trial)
+        if cfg.scenario == "latency":
+            # llama-server prints the same buffer lines, but the scenario starts and stops its server inside
+            # server.run_latency_scenario; a memory pass would start one more server just for its log and its peak,
+            # which needs its own lifecycle there (not done yet). No account rather than a wrong one.
+            return None
+        model_path = device_model_path(trial, conn)
+        argv = self.command(trial, model_path, repetitions=1) + ["-v"]
+        if "--no-warmup" not in argv:
+            argv.append("--no-warmup")
+        log.info("memory pass: %s", shlex.join(argv))
+        try:
+            res = conn.run(peak_rss_argv(argv), timeout=cfg.timeout_s)
+        except CommandTimeout:
+            raise timeout_failure("llama-bench (memory pass)", argv, cfg.timeout_s) from None
+        peak_kib, stderr = split_peak_rss(res.stderr)
+        log.info("memory pass: llama-bench exited %d after %.2f s, peak RSS %s KiB", res.returncode, res.duration_s,
+                 peak_kib)
+        if res.returncode != 0:
+            raise command_failure("llama-bench (memory pass)", dataclasses.replace(res, stderr=stderr))
+        return MemoryPass(command=argv, raw_stderr=stderr, peak_rss_kib=peak_kib, account=parse_buffers(stderr))
+
+    @classmethod
+    def planned_build(cls, cfg: LlamaCppConfig) -> Optional[str]:
+        """`jbench setup`'s build commit when the trial runs that build (no backend.binary_dir); a build of the
+        user's own is only known by asking it on the device."""
+        if cfg.binary_dir:
+            return None
+        from jbench.models.provision import active_build
+
+        build = active_build()
+        return str(build["build_commit"]) if build and build.get("build_commit") else None
+
+    @classmethod
+    def buffer_settings(cls, cfg: LlamaCppConfig) -> Optional[dict[str, str]]:
+        """What shapes llama.cpp's buffers: the context (llama-bench gives each test its own context of n_prompt +
+        n_gen + depth tokens, the prompt test with n_gen 0 and the generation test with n_prompt 0, so the largest
+        is max(n_prompt, n_gen) + depth; llama-server's is its -c), batch sizes, KV types, flash attention, layers
+        on the GPU and any extra arguments."""
+        if cfg.scenario == "latency":
+            n_ctx = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, server_slots(cfg))
+            extra = cfg.server_extra_args
+        else:
+            n_ctx = max(cfg.n_prompt, cfg.n_gen) + cfg.depth
+            extra = cfg.extra_args
+        return {"scenario": cfg.scenario, "n_ctx": str(n_ctx), "n_batch": str(cfg.n_batch),
+                "n_ubatch": str(cfg.n_ubatch), "type_k": cfg.cache_type_k, "type_v": cfg.cache_type_v,
+                "flash_attn": cfg.flash_attn, "n_gpu_layers": str(cfg.n_gpu_layers),
+                "extra_args": shlex.join(str(a) for a in extra)}
 
 
     def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
