@@ -53,6 +53,14 @@ def test_meaning_says_what_the_figures_measure():
                    reference_requantized_from=None) == "loss against F16 of the same model"
 
 
+def _text(seed: int) -> str:
+    """Plain English of a few thousand tokens, different for each seed."""
+    import pydoc_data.topics as topics
+
+    keys = sorted(topics.topics)
+    return "\n\n".join(topics.topics[k] for k in keys[seed::3])
+
+
 def _children(uri: str, experiment: str):
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
@@ -65,7 +73,11 @@ def test_a_quant_ladder_records_quality_reuses_it_and_measures_a_new_corpus_agai
                                                                                     bundled_model):
     env = {"JBENCH_RESULTS_DIR": str(tmp_path)}
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", *SMALL], env_extra=env)
+    # A corpus of this test's own (the device's cache may hold the default corpus's reference from other runs).
+    corpus = tmp_path / "corpus-a.txt"
+    corpus.write_text(f"{tmp_path}\n" + _text(1))
+    own = [*SMALL, f"quality.corpus={corpus}"]
+    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", *own], env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
     first = _children(uri, "quant_ladder")
     assert [r.data.params["model.quant"] for r in first] == ["Q4_0", "Q8_0"]
@@ -74,7 +86,7 @@ def test_a_quant_ladder_records_quality_reuses_it_and_measures_a_new_corpus_agai
         assert tags["quality.status"] == "ok" and tags["quality.reference_quant"] == "Q8_0"
         assert "requantization loss" in tags["quality.meaning"] or run.data.params["model.quant"] == "Q8_0"
         assert tags["quality.context"] == "256" and len(tags["quality.corpus_sha256"]) == 64
-        assert "pydoc_data" in tags["quality.corpus"]
+        assert str(corpus) in tags["quality.corpus"]
         assert m["quality_scored_tokens"] >= 100
         assert "quality.reused_from" not in tags
     q4, q8 = (r.data.metrics for r in first)
@@ -88,7 +100,7 @@ def test_a_quant_ladder_records_quality_reuses_it_and_measures_a_new_corpus_agai
     assert first[0].data.metrics["quality_reference_logits_mib"] > 10
 
     # A speed knob changed: the trials run again, their quality is the one measured above.
-    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", *SMALL, "backend.n_gen=8"],
+    res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", *own, "backend.n_gen=8"],
                      env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
     second = _children(uri, "quant_ladder")[2:]
@@ -99,9 +111,8 @@ def test_a_quant_ladder_records_quality_reuses_it_and_measures_a_new_corpus_agai
         assert "quality_wall_s" not in after.data.metrics
 
     # Another corpus: nothing FINISHED has that quality, so the trials run and the reference is computed again.
-    text = Path(tmp_path / "corpus.txt")
-    text.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog number {i * 7 % 13}."
-                              for i in range(600)))
+    text = Path(tmp_path / "corpus-b.txt")
+    text.write_text(f"{tmp_path}\n" + _text(2))
     res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", *SMALL,
                       f"quality.corpus={text}"], env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -129,8 +140,8 @@ def test_a_reference_of_another_model_is_refused_before_anything_runs(tmp_path, 
 
     other = unloadable_gguf(tmp_path / "other.gguf")
     res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0", *SMALL, "quality.reference=F16",
-                      "model.source=files", f"model.files.Q4_0={bundled_model['Q4_0']['path']}",
-                      f"model.files.F16={other}"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})
+                      "model.source=files", "model.name=mine", f"+model.files.Q4_0={bundled_model['Q4_0']['path']}",
+                      f"+model.files.F16={other}"], env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})
     assert res.returncode == 2, res.stdout + res.stderr
     assert "vocabulary" in res.stderr and "quality.reference" in res.stderr
 
