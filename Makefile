@@ -53,7 +53,7 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup
 	@$(BIN)/python -m tests.nosimd_build & build=$$!; status=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 || status=$$?; \
 	wait $$build || true; \
 	$(BIN)/python -m pytest -q -m "alone" || { rc=$$?; [ $$status -ne 0 ] || status=$$rc; }; \
 	exit $$status
