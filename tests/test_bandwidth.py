@@ -237,7 +237,7 @@ def test_a_sweep_measures_its_ceiling_and_no_fraction_exceeds_one(tmp_path, llam
             (cache / name).symlink_to(real / name)
     env = {"JBENCH_RESULTS_DIR": str(tmp_path / "results"), "JBENCH_CACHE_DIR": str(cache)}
     res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,F16", "backend.n_prompt=16",
-                      "backend.n_gen=8", "backend.repetitions=2"], env_extra=env)
+                      "backend.n_gen=8", "backend.repetitions=2", "quality.enabled=false"], env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
     out = tmp_path / "runs.csv"
     res = jbench_cli(["export", "--experiment", "quant_ladder", "--out", str(out)], env_extra=env)

@@ -21,7 +21,8 @@ from .gguf_files import unloadable_gguf
 
 pytestmark = pytest.mark.e2e
 
-SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2"]
+# quality is tested in tests/test_quality.py; here it would only add llama-perplexity passes
+SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "quality.enabled=false"]
 
 
 def _runs(uri: str, experiment: str):

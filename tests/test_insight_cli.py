@@ -21,7 +21,8 @@ def two_sweeps(tmp_path_factory, bundled_model):
     sweeps = []
     for _ in range(2):
         res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", "backend.n_prompt=16",
-                          "backend.n_gen=4", "backend.repetitions=3", "sweep.rerun=true", "device.bandwidth_gbs=30"],
+                          "backend.n_gen=4", "backend.repetitions=3", "sweep.rerun=true", "device.bandwidth_gbs=30",
+                          "quality.enabled=false"],
                          env_extra=env)
         assert res.returncode == 0, res.stdout + res.stderr
         sweeps.append(re.search(r"sweep (\d{8}-\d{6}-[0-9a-f]{6})", res.stdout).group(1))
@@ -143,7 +144,7 @@ def test_compare_at_80_columns_in_a_terminal(two_sweeps):
     assert shown[0].startswith("Along model.quant: each configuration of A against the one of B"), text
     rows = [line for line in shown if line.strip().startswith("Q4_0 → Q8_0")]
     cells = (r"Q4_0 → Q8_0\s+[\d.]+ → [\d.]+\s+[-+]\d+\.\d( \*)?\s+[-+]\d+\.\d…[-+]\d+\.\d\s+"
-             r"(\d\.\d{3}|\de-\d+)\s+-\d+\.\d/\+\d+\.\d$")  # configuration, A → B, change, interval, p, detectable: whole, on one line
+             r"(\d\.\d{3}|0\.000\d|\de-\d+)\s+-\d+\.\d/\+\d+\.\d$")  # configuration, A → B, change, interval, p, detectable: whole, on one line
     assert len(rows) == 2 and all(re.fullmatch(cells, r.strip()) for r in rows), text
     words = " ".join(line.strip() for line in shown)
     assert "Smallest detectable change at these sample sizes (3 vs 3) and the noise measured: -" in words, text

@@ -458,3 +458,17 @@ def test_the_memory_command_prints_one_runs_audit(tmp_path):
     assert res.exit_code == 2 and f"run {without[:12]} has no memory figures" in res.output
     res = runner.invoke(main, ["memory", "0123456789abcdef", "--results-dir", str(tmp_path / "results")])
     assert res.exit_code == 2 and "selects no trial runs" in res.output
+
+
+def test_the_recorded_log_keeps_what_accounts_for_memory_and_says_what_it_left_out():
+    from jbench.analysis.memory import log_excerpt, parse_buffers
+
+    text = CAPTURE.read_text()
+    excerpt = log_excerpt(text)
+    # The same account from the excerpt as from the whole log, at a few hundredths of its size.
+    assert parse_buffers(excerpt) == parse_buffers(text) and len(excerpt) < len(text) / 100
+    assert excerpt.startswith("[jbench] the lines of the memory pass's stderr") and "of 2220 lines" in excerpt
+    assert "create_tensor: loading tensor" not in excerpt
+    failed = log_excerpt("load_tensors: loading\nggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate\nbye\n",
+                         tail=2)
+    assert "failed to allocate" in failed and failed.rstrip().endswith("bye") and "then its last 2 lines" in failed

@@ -104,7 +104,7 @@ def test_a_sweep_reads_in_the_mlflow_ui(sweep_store, mlflow_server, tmp_path):
             parent = page.get_by_role("link", name="quant_ladder 20")
             parent.wait_for()
             assert "/runs" in page.url
-            expect(page.get_by_text("prefill and decode tok/s across quantization levels").first).to_be_visible()
+            expect(page.get_by_text("prefill and decode tok/s, memory and output quality across quantization levels").first).to_be_visible()
             expect(page.get_by_text("Traces 0")).to_have_count(0)
             page.screenshot(path=str(shots / "1-runs.png"))
 

@@ -155,3 +155,56 @@ def test_a_missing_llama_perplexity_is_one_clear_failure(tmp_path, llama_build, 
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path)})
     assert res.returncode != 0
     assert "llama-perplexity" in res.stdout + res.stderr and "jbench setup" in res.stdout + res.stderr
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_over_ssh_the_reference_logits_are_cached_on_the_device_and_a_new_corpus_is_measured_again(
+        orin_nano_super, tmp_path, llama_build, bundled_model):
+    from .test_ssh_devices import write_conf
+
+    emu = orin_nano_super
+    conf = write_conf(tmp_path, emu)
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
+    uri = f"sqlite:///{tmp_path}/r/mlflow.db"
+    cache = Path(emu.home) / ".cache" / "jbench" / "quality"
+    corpus = tmp_path / "corpus-a.txt"  # on the controller: jbench copies it to the device's cache
+    corpus.write_text(_text(0))
+    argv = ["sweep", "--config-dir", str(conf), "+experiment=quant_ladder", "device=emu",
+            f"backend.binary_dir={llama_build['bin_dir']}", "model.quant=Q4_0,Q8_0", *SMALL]
+    res = jbench_cli([*argv, "power.mode=MAXN_SUPER,25W", f"quality.corpus={corpus}"], env_extra=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = _children(uri, "quant_ladder")
+    assert [(r.data.params["power.mode"], r.data.params["model.quant"]) for r in first] == [
+        ("MAXN_SUPER", "Q4_0"), ("MAXN_SUPER", "Q8_0"), ("25W", "Q4_0"), ("25W", "Q8_0")]
+    # On the device: one reference logits file, the corpus jbench sent, nothing half-written.
+    refs, corpora = sorted(cache.glob("ref-*.kld")), sorted(cache.glob("corpus-*.txt"))
+    assert len(refs) == 1 and len(corpora) == 1, sorted(cache.iterdir())
+    assert corpora[0].read_text() == corpus.read_text()
+    assert not list(cache.glob("*.partial"))
+    size_mib = refs[0].stat().st_size / (1 << 20)
+    assert first[0].data.tags["quality.reference_cache"].startswith("computed")
+    assert first[1].data.tags["quality.reference_cache"].startswith("hit")
+    assert first[0].data.metrics["quality_reference_logits_mib"] == pytest.approx(size_mib)
+    # The power mode is a speed knob: the 25W trials reuse the quality measured in MAXN_SUPER, no second pass.
+    for before, after in zip(first[:2], first[2:]):
+        quant = before.data.params["model.quant"]
+        assert after.data.tags["quality.reused_from"] == f"trial model.quant={quant} power.mode=MAXN_SUPER of this sweep"
+        assert after.data.metrics["quality_kld_mean"] == before.data.metrics["quality_kld_mean"]
+        assert "quality_wall_s" not in after.data.metrics
+    assert first[0].data.metrics["quality_kld_mean"] > first[1].data.metrics["quality_kld_mean"]
+    mtime = refs[0].stat().st_mtime_ns
+
+    # Another corpus: the FINISHED trials lack that quality, so they run again and the reference is computed anew;
+    # the first reference stays cached (within quality.cache_max_gb) beside the new one.
+    other = tmp_path / "corpus-b.txt"
+    other.write_text(_text(1))
+    res = jbench_cli([*argv, "power.mode=MAXN_SUPER", f"quality.corpus={other}"], env_extra=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    second = _children(uri, "quant_ladder")[4:]
+    assert [r.data.params["model.quant"] for r in second] == ["Q4_0", "Q8_0"]
+    assert second[0].data.tags["quality.reference_cache"].startswith("computed")
+    assert second[0].data.tags["quality.corpus_sha256"] != first[0].data.tags["quality.corpus_sha256"]
+    assert "quality.reused_from" not in second[0].data.tags
+    assert len(list(cache.glob("ref-*.kld"))) == 2 and len(list(cache.glob("corpus-*.txt"))) == 2
+    assert refs[0].stat().st_mtime_ns == mtime  # the first reference was not rewritten

@@ -49,7 +49,7 @@ def test_a_quant_ladder_reads_as_mlflow_users_expect(tmp_path, llama_build, bund
 
     # The experiment opens on its runs (not MLflow 3's GenAI overview) and carries its description.
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert exp.tags["mlflow.note.content"] == "prefill and decode tok/s across quantization levels"
+    assert exp.tags["mlflow.note.content"] == "prefill and decode tok/s, memory and output quality across quantization levels"
 
     # Names: the parent names the experiment and the date; children only their varying dimension.
     assert parent.info.run_name.startswith("quant_ladder 20") and len(parent.info.run_name.split()) == 3
@@ -108,7 +108,8 @@ def test_a_quant_ladder_reads_as_mlflow_users_expect(tmp_path, llama_build, bund
 def test_a_sweep_resumed_after_ctrl_c_is_one_sweep(tmp_path, llama_build, bundled_model):
     env = dict(os.environ, JBENCH_RESULTS_DIR=str(tmp_path), COLUMNS="200")
     argv = ["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q4_K_M,Q8_0",
-            "backend.n_prompt=16", "backend.n_gen=32", "backend.repetitions=3", "device.lease_wait_s=600"]
+            "backend.n_prompt=16", "backend.n_gen=32", "backend.repetitions=3", "device.lease_wait_s=600",
+            "quality.enabled=false"]
     exe = str(Path(sys.executable).with_name("jbench"))
     proc = subprocess.Popen([exe, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     db = tmp_path / "mlflow.db"

@@ -308,7 +308,9 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
                       "telemetry.cooldown_s=0", "energy.min_window_s=1",
                       # 4-token repetitions against second-long energy passes: their speeds differ more than the
                       # speed-match rule allows (tests/test_energy_speed_match.py); opened here for the energy checks.
-                      "energy.speed_tolerance=10"],
+                      "energy.speed_tolerance=10",
+                      # quality over SSH (its device cache, reuse across power modes): tests/test_quality.py
+                      "quality.enabled=false"],
                      env_extra={"JBENCH_RESULTS_DIR": str(tmp_path / "r")})
     assert res.returncode == 0, res.stdout + res.stderr
     client, trials = _trials(f"sqlite:///{tmp_path}/r/mlflow.db", "quant_ladder")

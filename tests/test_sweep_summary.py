@@ -27,7 +27,9 @@ pytestmark = pytest.mark.e2e
 
 JBENCH = str(Path(sys.executable).with_name("jbench"))
 TINY = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "device.lease_wait_s=600"]
-LADDER = ["sweep", "+experiment=quant_ladder", *TINY]
+# One quality reference for every sweep of this module: the reference is otherwise the sweep's highest-precision
+# quant, so Q4_0 alone (its own reference) and Q4_0 beside Q8_0 would be two quality identities, and no resume.
+LADDER = ["sweep", "+experiment=quant_ladder", *TINY, "quality.reference=Q8_0"]
 UNPARSEABLE = TESTS / "fixtures" / "unparseable_llamacpp"  # a llama-bench that prints no records: a FAILED trial
 
 

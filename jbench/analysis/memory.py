@@ -98,6 +98,23 @@ def _largest(groups: list[dict[str, float]]) -> dict[str, float]:
     return dict(best)
 
 
+# What the memory pass's artifact keeps of llama.cpp's verbose log: the buffer lines the figures come from, and any
+# line that reports a problem. The rest (one line per tensor created, per graph input, per GGUF key: ~2,200 lines,
+# ~250 KiB for a 270M model) would make every trial's record that much larger and says nothing about memory.
+_KEEP = re.compile(r"buffer size|error|warn|fail|out of memory|cannot|unable|abort", re.IGNORECASE)
+
+
+def log_excerpt(text: str, tail: int = 0) -> str:
+    """The lines of a verbose backend log that account for memory or report a problem (and the last `tail` lines,
+    for a pass that failed), under a header that says how many of how many lines were kept."""
+    lines = text.splitlines()
+    kept = [line for line in lines if _KEEP.search(line)]
+    last = lines[-tail:] if tail else []
+    header = (f"[jbench] the lines of the memory pass's stderr that account for memory or report a problem: "
+              f"{len(kept)} of {len(lines)} lines" + (f", then its last {len(last)} lines" if last else ""))
+    return "\n".join([header, *kept, *(["[jbench] last lines:"] + last if last else [])]) + "\n"
+
+
 def parse_buffers(text: str) -> Optional[BufferAccount]:
     """The buffer account in a backend's (verbose) log; None when the log has no buffer line at all."""
     loads: list[dict[str, float]] = []

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional
 
-from jbench.analysis.memory import Prediction, memory_metrics, predict
+from jbench.analysis.memory import Prediction, log_excerpt, memory_metrics, predict
 from jbench.analysis.roofline import RooflineError, kv_bytes_per_token
 from jbench.backends.base import BackendError
 from jbench.core import metrics
@@ -131,7 +131,7 @@ class Memory(Stage):
             ctx.log.warning("memory: %s", status)
             out.tags["memory.status"] = status
             if isinstance(exc, BackendError) and exc.raw_stderr:
-                out.artifacts[ARTIFACT] = exc.raw_stderr
+                out.artifacts[ARTIFACT] = log_excerpt(exc.raw_stderr, tail=60)
         else:
             if found is None:
                 out.tags["memory.status"] = (f"not measured: backend {cfg.backend.name} reports no memory account for "
@@ -152,7 +152,7 @@ class Memory(Stage):
         if prediction is None:
             out.tags["memory.prediction"] = why
         out.tags["memory.command"] = shlex.join(found.command)[:4000]
-        out.artifacts[ARTIFACT] = found.raw_stderr
+        out.artifacts[ARTIFACT] = log_excerpt(found.raw_stderr)
         ctx.record.merge(out)
         account = found.account
         compute = account.total("compute") if account else None
