@@ -81,6 +81,7 @@ def test_an_unreported_change_is_reported_once_with_its_first_night():
     assert r.verdict == REGRESSION and found.exit_code == ExitCode.FAILED and found.alarms() == [r]
     assert r.deciding is r.late and r.deciding.sweep_id == f"s{STEP_NIGHT:02d}"  # its first night, 6 nights back
     assert "reported late" in r.message and "reported late" in found.to_markdown()
+    assert found.to_dict()["series"][0]["reported_late"] is True
     failures = [c for c in ET.fromstring(found.to_junit_xml("n")).findall("testcase") if c.find("failure") is not None]
     assert len(failures) == 1
     # Reported once: the next nights know it (what night 14 recorded) and say no change again.

@@ -497,6 +497,7 @@ class HistoryReport:
                         "metric": r.series.metric, "verdict": r.verdict, "nights": len(r.series.nights),
                         "needs_nights": r.needs_nights, "noise_cv": _jsonable(r.noise_cv), "message": r.message,
                         "confirmed": r.confirmed, "confirmation": r.confirmation,
+                        "reported_late": r.late is not None,
                         "changes": [{k: _jsonable(v) if not isinstance(v, tuple) else list(v)
                                      for k, v in c.__dict__.items()} for c in r.changes]}
                        for r in self.results],
