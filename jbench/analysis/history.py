@@ -30,7 +30,10 @@ Verdict per configuration x unit x metric (`verdict`):
   regression / improvement / changed-environment
                   the newest standing change starts within the newest `recent` nights (direction from the metric:
                   a TTFT increase is a regression);
-  no change       otherwise.
+  no change       otherwise -- unless an earlier standing change was never reported (`Reported`, read from what
+                  earlier nightlies recorded in the store): a change that became significant only after it left the
+                  newest `recent` nights is then reported once, with its first night (`SeriesResult.late`), so a
+                  late detection is never "no change" forever.
 Exit code (`HistoryReport.exit_code`): 1 when any series is a regression; else 3 when any series has no
 verdict, or there is none; else 0 -- the codes of `jbench regress` (jbench.analysis.regress).
 
@@ -59,6 +62,7 @@ from jbench.core.metrics import metric as declared_metric
 
 __all__ = ["METRICS", "FINGERPRINT_TAGS", "DetectorSettings", "DEFAULT_SETTINGS", "Night", "Series", "Change",
            "SeriesResult", "HistoryReport", "HistoryError", "build_series", "detect_changes", "judge", "history",
+           "ChangeKey", "Reported", "reported_changes", "judge_series",
            "REGRESSION", "IMPROVEMENT", "NO_CHANGE", "NO_VERDICT", "CHANGED_ENV"]
 
 # The series judged, each metric -> +1 when higher is better, -1 when lower is; direction and unit as declared.
@@ -168,6 +172,27 @@ class Change:
         return text
 
 
+# A reported change: (unit, configuration hash, metric, sweep id of its first night).
+ChangeKey = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What earlier nights reported, as the store holds it (jbench.sweeps.nightly reads it from the tags of the
+    earlier nightly parent runs). `changes`: every change a night reported (a history verdict other than "no change",
+    or a pairwise regression / improvement); `judged`: the sweep ids of the nights whose nightly recorded what it
+    reported. Only a change whose first night is among `judged` can be reported late: of an older one the store
+    cannot say whether it was reported (a store written before the record existed)."""
+
+    changes: frozenset[ChangeKey] = frozenset()
+    judged: frozenset[str] = frozenset()
+
+    def covers(self, series: "Series", change: "Change") -> bool:
+        """Was `change` (or the same change found a night earlier or later) reported?"""
+        near = {n.sweep_id for n in series.nights[max(0, change.index - 1):change.index + 2]}
+        return any((series.unit, series.config_hash, series.metric, s) in self.changes for s in near)
+
+
 @dataclass
 class SeriesResult:
     series: Series
@@ -177,10 +202,13 @@ class SeriesResult:
     needs_nights: int = 0  # with no verdict: how many more nights are needed
     confirmed: Optional[bool] = None  # set by a confirmation step; None: not confirmed either way
     confirmation: str = ""  # what the confirmation step measured, or why it did not run
+    late: Optional[Change] = None  # an older change never reported until now: it decides the verdict
 
     @property
     def deciding(self) -> Optional[Change]:
         """The change behind a regression / improvement / changed-environment verdict."""
+        if self.late is not None:
+            return self.late
         return self.changes[-1] if self.verdict in (REGRESSION, IMPROVEMENT, CHANGED_ENV) and self.changes else None
 
     @property
@@ -191,7 +219,9 @@ class SeriesResult:
                     f"(at least {len(s.nights) + self.needs_nights})")
         head = f"{self.verdict}; noise CV {self.noise_cv * 100:.2f} % over {len(s.nights)} nights"
         if self.deciding is not None:
-            return self.deciding.describe(UNITS.get(s.metric, "")) + f"; noise CV {self.noise_cv * 100:.2f} %"
+            late = (f"; reported late: found {len(s.nights) - self.late.index} night(s) after it began, no earlier "
+                    "night reported it") if self.late is not None else ""
+            return self.deciding.describe(UNITS.get(s.metric, "")) + f"; noise CV {self.noise_cv * 100:.2f} %" + late
         older = "; ".join(c.describe(UNITS.get(s.metric, "")) for c in self.changes)
         return head + (f"; earlier: {older}" if older else "")
 
@@ -377,7 +407,10 @@ def _fingerprint_changes(nights: Sequence[Night], index: int) -> tuple[str, ...]
     return ()
 
 
-def judge_series(series: Series, settings: DetectorSettings = DEFAULT_SETTINGS) -> SeriesResult:
+def judge_series(series: Series, settings: DetectorSettings = DEFAULT_SETTINGS,
+                 reported: Optional[Reported] = None) -> SeriesResult:
+    """One series' verdict; with `reported` (what earlier nights reported) an older standing change that was never
+    reported decides the verdict instead of "no change" (module doc)."""
     y = series.values
     verdict, changes, needs = judge(y, settings, direction=series.direction)
     sigma = noise_sigma(y)
@@ -387,7 +420,31 @@ def judge_series(series: Series, settings: DetectorSettings = DEFAULT_SETTINGS) 
                        fingerprint_changes=_fingerprint_changes(series.nights, c.index)) for c in changes]
     if verdict in (REGRESSION, IMPROVEMENT) and changes[-1].kind == CHANGED_ENV:
         verdict = CHANGED_ENV  # the environment changed with it; a new backend build alone is the code under test
-    return SeriesResult(series, verdict, changes, cv, needs)
+    late = None
+    if verdict == NO_CHANGE and reported is not None:
+        missed = [c for c in changes if series.nights[c.index].sweep_id in reported.judged
+                  and not reported.covers(series, c)]
+        if missed:  # the newest change no night reported: significant only after it left the newest nights
+            late = missed[-1]
+            verdict = late.kind
+    return SeriesResult(series, verdict, changes, cv, needs, late=late)
+
+
+def reported_changes(report: Any) -> list[ChangeKey]:
+    """The changes a report reports (history: each series' deciding change; pairwise: each rate judged a regression
+    or an improvement, its first night the sweep judged), to be recorded with the night and read back as
+    `Reported`."""
+    out: list[ChangeKey] = []
+    if isinstance(report, HistoryReport):
+        for r in report.results:
+            c = r.deciding
+            if c is not None:
+                out.append((r.series.unit, r.series.config_hash, r.series.metric, c.sweep_id))
+        return out
+    for r in getattr(report, "results", []):
+        out += [(r.device, r.config_hash, c.metric, r.now_sweep) for c in r.checks
+                if c.verdict in (REGRESSION, IMPROVEMENT)]
+    return out
 
 
 @dataclass
@@ -440,6 +497,7 @@ class HistoryReport:
                         "metric": r.series.metric, "verdict": r.verdict, "nights": len(r.series.nights),
                         "needs_nights": r.needs_nights, "noise_cv": _jsonable(r.noise_cv), "message": r.message,
                         "confirmed": r.confirmed, "confirmation": r.confirmation,
+                        "reported_late": r.late is not None,
                         "changes": [{k: _jsonable(v) if not isinstance(v, tuple) else list(v)
                                      for k, v in c.__dict__.items()} for c in r.changes]}
                        for r in self.results],
@@ -471,6 +529,9 @@ class HistoryReport:
                 ci = f"{c.ci_low * 100:+.2f} … {c.ci_high * 100:+.2f} %"
                 p, first = _fmt_p(c.p_value), f"{c.sweep_id} ({c.date})"
                 note = ("fingerprint changed: " + "; ".join(c.fingerprint_changes)) if c.fingerprint_changes else ""
+                if r.late is not None:
+                    note = (f"reported late: found {len(se.nights) - c.index} night(s) after it began"
+                            + (f"; {note}" if note else ""))
             else:
                 change = ci = p = first = ""
                 note = (f"needs {r.needs_nights} more night(s)" if r.verdict == NO_VERDICT
@@ -511,10 +572,11 @@ class HistoryReport:
 
 def history(df: pd.DataFrame, *, metrics: Sequence[str] = tuple(METRICS),
             current: Union[None, str, Sequence[str]] = None, settings: DetectorSettings = DEFAULT_SETTINGS,
-            fingerprint_tags: Sequence[str] = FINGERPRINT_TAGS) -> HistoryReport:
-    """Judge every series of `df` (module doc)."""
+            fingerprint_tags: Sequence[str] = FINGERPRINT_TAGS, reported: Optional[Reported] = None) -> HistoryReport:
+    """Judge every series of `df` (module doc); `reported`: what earlier nights reported (None: nothing is known of
+    them, and no change is reported late)."""
     series = build_series(df, metrics=metrics, current=current, fingerprint_tags=fingerprint_tags)
-    return HistoryReport([judge_series(s, settings) for s in series], settings)
+    return HistoryReport([judge_series(s, settings, reported) for s in series], settings)
 
 
 def max_nights(df: pd.DataFrame) -> int:

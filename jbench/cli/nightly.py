@@ -27,14 +27,25 @@ cannot run (the previous build's directory is gone, the build did not change), t
 stands with the reason.
 
 \b
+A dead unit does not stop the night: the units that answer are measured, each one
+that does not is a JUnit error and a markdown line (exit 4). A unit without a
+measurement on farm.quarantine_after_failures nights in a row (default 3) is
+quarantined: later nightlies skip it (still reported, exit 4) until
+--unquarantine UNIT. (A farm coordinator's places are checked and quarantined by
+the farm: `jbench farm unquarantine`.)
+
+\b
 Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
   0  clean: every unit x configuration was tested, none regressed, no trial failed
-  1  regression on some unit (named in the summary and the JUnit failures)
+  1  regression on some unit (named in the summary and the JUnit failures); a change
+     found only after it left the newest nights, never reported before, counts too
   2  nothing was run: unknown class, bad config or override, unwritable output path,
-     unknown --baseline, devices not ready (preflight) or none leased from the farm
+     unknown --baseline, no unit of the class reachable (or all quarantined), a
+     unit that answers but is not ready (preflight), none leased from the farm
   3  no verdict: some configuration could not be tested (too few nights for the
      history, first night: no baseline; too few samples)
-  4  some trial FAILED (recorded, regressed and reported anyway: never green)
+  4  some trial FAILED, or some unit was not measured (unreachable, quarantined):
+     recorded, regressed and reported anyway, never green
   130  interrupted (Ctrl-C, SIGTERM): runs KILLED, devices released
 
 \b
@@ -65,11 +76,13 @@ Example:
               help="Significance level of the confirmation's paired t-test.")
 @click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
               help="Smallest relative change (0.01 = 1 %%) a confirmed regression must have.")
+@click.option("--unquarantine", "unquarantine", multiple=True, metavar="UNIT",
+              help="Measure this quarantined unit again tonight (repeatable); a measurement ends its quarantine.")
 @common_options
 @_config_dir_option
 def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode: str, baseline: Optional[str],
             junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str], confirm: bool,
-            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float,
+            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float, unquarantine: tuple[str, ...],
             results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.app import _signals_as_interrupt
     from jbench.analysis.paired import ConfirmSettings
@@ -80,7 +93,8 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
                       config_dirs=list(config_dirs), results_dir=results_dir, junit=junit_path, markdown=md_path,
                       report_dir=report_dir, confirm=confirm,
                       confirm_settings=ConfirmSettings(pairs=confirm_pairs, alpha=confirm_alpha,
-                                                       min_effect=confirm_threshold))
+                                                       min_effect=confirm_threshold),
+                      unquarantine=list(unquarantine))
     except NightlyError as exc:
         raise _fail(str(exc)) from None
     console.print(f"[bold]nightly {escape(device_class)}[/]: {len(job.plan.trials)} trial(s) of "
@@ -107,6 +121,8 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
     click.echo(result.markdown, nl=False)  # never hard-wrapped, in a pipe either
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
+    for unit, why in sorted(result.missing.items()):
+        err_console.print(f"[bold red]unit {escape(unit)} not measured: {escape(why)}[/]", highlight=False)
     if result.exit_code == ExitCode.NO_VERDICT:
         click.echo(f"NO VERDICT: {result.no_verdict_reason}", err=True)
     raise click.exceptions.Exit(result.exit_code)

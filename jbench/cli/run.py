@@ -353,11 +353,15 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
         try:
             check_overrides(list(overrides))
             dirs = user_config_dirs(list(config_dirs))
-            plain, dims = split_overrides(list(overrides))
+            pool, composable = _class_overrides(list(overrides), dirs)
+            plain, dims = split_overrides(composable)
             cfg, _ = compose(plain, dirs)
         except ConfigError as exc:
             raise _fail(str(exc)) from None
         config = OmegaConf.to_container(cfg, resolve=True)
+        if pool is not None:  # as the plan has it: the trials' device is the class, a unit runs them
+            config["device"].update(name=pool.name, device_class=pool.device_class)
+            err_console.print(f"note: {_units_text(pool)}", highlight=False, soft_wrap=True)
         if dims:
             err_console.print(f"note: command-line sweep dimensions ({', '.join(dims)}) are not applied here; "
                               "--cfg sweep prints each trial's config", highlight=False, soft_wrap=True)
@@ -372,6 +376,23 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
         click.echo(f"problem: {p}", err=True)
 
 
+def _class_overrides(overrides: list[str], dirs: list) -> tuple[Any, list[str]]:
+    """(the pool of a `device=@CLASS` override or None, the overrides to compose with): the class is no device
+    entry, so it is composed as the plan composes it, with its first unit's entry (ConfigError as the plan's)."""
+    from jbench.sweeps.plan import _pool  # the planner's own reading of device=@CLASS, so both agree
+
+    return _pool(overrides, dirs)
+
+
+def _units_text(pool: Any) -> str:
+    """Which units a `device=@CLASS` runs on, as --info and --cfg job say it."""
+    if pool.coordinator and not pool.members:
+        return f"units: the places of farm {pool.coordinator} matching {pool.selector}"
+    names = [str(m.get("name")) for m in pool.members]
+    where = f"; leased from farm {pool.coordinator}" if pool.coordinator else ""
+    return f"units: {', '.join(names)}{where}; the trials are planned with {names[0]}'s entry"
+
+
 def _show_info(overrides, config_dirs) -> None:
     """--info: where configs come from, what this command line picks, and the choices of every group."""
     from jbench.config import CONFIG_MODULE, ConfigError, available_choices, check_overrides, compose, user_config_dirs
@@ -380,10 +401,13 @@ def _show_info(overrides, config_dirs) -> None:
     try:
         check_overrides(list(overrides))
         dirs = user_config_dirs(list(config_dirs))
-        plain, dims = split_overrides(list(overrides))
+        pool, composable = _class_overrides(list(overrides), dirs)
+        plain, dims = split_overrides(composable)
         _, choices = compose(plain, dirs)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
+    if pool is not None:
+        choices["device"] = f"{pool.name} ({_units_text(pool)})"
     out = ["Config search path (first match wins):"]
     out += [f"  file://{d}" for d in dirs] + [f"  pkg://{CONFIG_MODULE}  (jbench's packaged configs)"]
     out += ["Choices of this command line:"] + [f"  {g}: {c}" for g, c in sorted(choices.items())]

@@ -11,12 +11,24 @@ interleaved on that unit (jbench.confirm; on unless `confirm=False`: an alarm th
 the HTML report (the sweep's, and the history's series plot), the markdown and the JUnit XML, and
 tag the sweep's parent run with the verdict.
 
-Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, devices not ready), 3 no verdict,
-4 trials failed. Precedence: 2 (stops before anything runs), then 1, then 4, then 3, then 0.
+A dead unit does not stop the night (device entries of the class; a farm coordinator checks and quarantines its
+places itself): every unit is connected first (`probe_units`), the reachable ones are measured, each missing one
+is reported (a JUnit error, a markdown line, exit 4) and recorded on the parent run; a unit without a measurement
+on `farm.quarantine_after_failures` nights in a row is quarantined -- skipped by the next nightlies, still
+reported, until `--unquarantine UNIT` -- decided from the earlier nightly parent runs' tags (`unit_streaks`). A
+class where no unit can be reached runs nothing (exit 2, one message naming each unit's reason).
+
+What each night reported is recorded on its parent run (`jbench.nightly.reported`), and read back by the next
+nights (`reported_in_store`): a change the history finds significant only after it left the newest nights, and
+that no night reported, is reported then, with its first night (jbench.analysis.history.Reported).
+
+Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, no unit reachable), 3 no verdict,
+4 trials failed or a unit not measured. Precedence: 2 (stops before anything runs), then 1, then 4, then 3, then 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -24,10 +36,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jbench.analysis.paired import ConfirmSettings
-from jbench.analysis.history import DEFAULT_SETTINGS, HistoryError, HistoryReport, history, max_nights
+from jbench.analysis.history import (DEFAULT_SETTINGS, ChangeKey, HistoryError, HistoryReport, Reported, history,
+                                     max_nights, reported_changes)
 from jbench.analysis.regress import (NoData, RegressError,
                                      RegressReport, regress)
-from jbench.core.results import Status
+from jbench.core.results import Category, Status
+from jbench.runner import scheduler as sched
 from jbench.sweeps.plan import Plan
 from jbench.core.exitcodes import ExitCode
 from jbench.tracking.common import store_exists, writable_problem
@@ -42,15 +56,117 @@ class NightlyError(Exception):
     """Nothing was run: bad input (class, config, overrides, output paths, baseline) or devices not ready."""
 
 
-def exit_code(regress_code: int, failed_trials: int) -> int:
-    """The nightly's code from regress's (0, 1 or 3) and the count of FAILED trials. A regression is a measured
-    verdict on the trials that ran, so it wins; failed trials come next (the matrix is incomplete: never green,
-    and it outranks "no verdict" because something broke, which a missing baseline does not say)."""
+def exit_code(regress_code: int, failed_trials: int, missing_units: int = 0) -> int:
+    """The nightly's code from regress's (0, 1 or 3), the count of FAILED trials and of units not measured. A
+    regression is a measured verdict on the trials that ran, so it wins; failed trials and missing units come next
+    (the matrix is incomplete: never green, and it outranks "no verdict" because something broke, which a missing
+    baseline does not say)."""
     if regress_code == ExitCode.FAILED:
         return ExitCode.FAILED
-    if failed_trials:
+    if failed_trials or missing_units:
         return ExitCode.TRIALS_FAILED
     return regress_code
+
+
+# Tags of the nightly's parent run that later nights read back (the store is the memory, never this process).
+TAG_REPORTED = "jbench.nightly.reported"  # the changes this night reported (chunks: .1, .2, ... when long)
+TAG_MISSING = "jbench.nightly.missing"  # unit: why it was not measured; ...
+TAG_STREAKS = "jbench.nightly.unit_failures"  # unit=nights in a row without a measurement, ...
+TAG_QUARANTINED = "jbench.nightly.quarantined"  # units skipped as quarantined (this night included)
+_CHUNK = 4900  # below MLflow's tag value limit
+_NONE = "none"  # a recorded empty list (an absent tag: a night that recorded nothing)
+
+
+def encode_changes(keys: Sequence[ChangeKey]) -> dict[str, str]:
+    """The reported changes as tags (`TAG_REPORTED`, then `.1`, `.2`, ... while the list is long)."""
+    text = ";".join("|".join(k) for k in dict.fromkeys(keys)) or _NONE
+    chunks = [text[i:i + _CHUNK] for i in range(0, len(text), _CHUNK)]
+    return {TAG_REPORTED if i == 0 else f"{TAG_REPORTED}.{i}": c for i, c in enumerate(chunks)}
+
+
+def decode_changes(tags: dict[str, Any]) -> Optional[list[ChangeKey]]:
+    """The changes a night's tags record, or None when it recorded none (a night before the record existed)."""
+    first = tags.get(TAG_REPORTED)
+    if not isinstance(first, str) or not first:
+        return None
+    parts, i = [first], 1
+    while isinstance(tags.get(f"{TAG_REPORTED}.{i}"), str):
+        parts.append(tags[f"{TAG_REPORTED}.{i}"])
+        i += 1
+    text = "".join(parts)
+    if text == _NONE:
+        return []
+    return [tuple(e.split("|", 3)) for e in text.split(";") if e.count("|") == 3]  # type: ignore[misc]
+
+
+def reported_in_store(parents: Any) -> Reported:
+    """What the earlier nights reported, from their parent runs (a frame of `kinds=("sweep",)` runs)."""
+    changes: set[ChangeKey] = set()
+    judged: set[str] = set()
+    if parents is None or len(parents) == 0:
+        return Reported()
+    for row in parents.to_dict("records"):
+        tags = {k[len("tags."):]: v for k, v in row.items() if k.startswith("tags.") and isinstance(v, str)}
+        keys = decode_changes(tags)
+        if keys is None or not tags.get("jbench.sweep_id"):
+            continue
+        judged.add(tags["jbench.sweep_id"])
+        changes.update(keys)
+    return Reported(frozenset(changes), frozenset(judged))
+
+
+def unit_streaks(parents: Any, device_class: str) -> dict[str, int]:
+    """Nights in a row each unit of the class went without a measurement, as the newest earlier nightly of the
+    class recorded them (`TAG_STREAKS`); {} without one."""
+    if parents is None or len(parents) == 0 or "tags.jbench.nightly.class" not in parents.columns:
+        return {}
+    mine = parents[parents["tags.jbench.nightly.class"] == device_class]
+    if "tags.jbench.nightly.verdict" in mine.columns:
+        mine = mine[mine["tags.jbench.nightly.verdict"].notna()]
+    if mine.empty:
+        return {}
+    text = mine.sort_values(["start_time", "run_id"]).iloc[-1].get(f"tags.{TAG_STREAKS}")
+    out: dict[str, int] = {}
+    for part in (text.split(",") if isinstance(text, str) else []):
+        unit, _, count = part.partition("=")
+        if unit and count.isdigit():
+            out[unit] = int(count)
+    return out
+
+
+def next_streaks(units: Sequence[str], before: dict[str, int], failed: set[str]) -> dict[str, int]:
+    """Each unit's run of nights without a measurement after tonight: one more for a unit that failed tonight,
+    else 0."""
+    return {u: before.get(u, 0) + 1 if u in failed else 0 for u in units}
+
+
+def _night_failed(unit: str, outcomes: Sequence[Any]) -> bool:
+    """A unit measured nothing tonight for device reasons: every trial of it FAILED as lost or a device fault."""
+    mine = [o for o in outcomes if o.device == unit]
+    return bool(mine) and all(o.status == Status.FAILED and o.category in (Category.DEVICE, Category.CONNECTION_LOST)
+                              for o in mine)
+
+
+def probe_units(members: Sequence[dict], profile: Any, owner: str) -> dict[str, str]:
+    """Connect each unit (side by side) and close it again: {unit: why it cannot be used} for those that fail.
+    Nothing on a device changes (no lease, no power state)."""
+    from jbench.runner.session import DeviceSession
+
+    found: dict[str, str] = {}
+
+    def probe(member: dict) -> None:
+        session = DeviceSession(member, profile, owner=owner)
+        try:
+            problems = session.connect()
+        except Exception as exc:  # whatever breaks while connecting makes the unit unusable tonight, not the night
+            problems = [f"{type(exc).__name__}: {exc}"]
+        finally:
+            session.close()
+        if problems:
+            found[str(member.get("name"))] = "; ".join(problems)
+
+    sched.each(probe, list(members))
+    return found
 
 
 @dataclass
@@ -70,6 +186,9 @@ class NightlyResult:
     report_html: Optional[Path] = None
     notes: list[str] = field(default_factory=list)
     confirmations: list = field(default_factory=list)  # jbench.confirm.Confirmation per alarmed unit x configuration
+    missing: dict[str, str] = field(default_factory=dict)  # unit -> why it was not measured (unreachable, quarantined)
+    quarantined: list[str] = field(default_factory=list)  # units quarantined (skipped, or from this night on)
+    unit_failures: dict[str, int] = field(default_factory=dict)  # unit -> nights in a row without a measurement
 
     @property
     def verdict(self) -> str:
@@ -154,7 +273,8 @@ class Nightly:
                  overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (),
                  results_dir: Optional[str | Path] = None, junit: Optional[str | Path] = None,
                  markdown: Optional[str | Path] = None, report_dir: Optional[str | Path] = None,
-                 confirm: bool = True, confirm_settings: ConfirmSettings = ConfirmSettings()):
+                 confirm: bool = True, confirm_settings: ConfirmSettings = ConfirmSettings(),
+                 unquarantine: Sequence[str] = ()):
         for path, directory, option in ((junit, False, "--junit"), (markdown, False, "--markdown"),
                                         (report_dir, True, "--report-dir")):
             _check_output(path, directory=directory, option=option)
@@ -179,6 +299,66 @@ class Nightly:
         self.uri = self.store.uri
         self.experiment = self.plan.tracking.experiment_name or self.plan.experiment
         _check_baseline(self.uri, self.experiment, baseline)
+        self.streaks, self.quarantined = self._quarantine(list(unquarantine))
+
+    @property
+    def probes_units(self) -> bool:
+        """Device entries of the class are connected first and a dead one left out; a farm coordinator's lease
+        checks (and quarantines) its places itself."""
+        pool = self.plan.pool
+        return pool is not None and not pool.coordinator and bool(pool.members)
+
+    def _quarantine(self, unquarantine: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+        """(each unit's nights in a row without a measurement, {quarantined unit: why}) from the earlier nightlies'
+        parent runs; NightlyError when every unit is quarantined or --unquarantine names no unit of the class."""
+        if not self.probes_units:
+            if unquarantine:
+                raise NightlyError("--unquarantine is for device entries of a class; a farm's places are "
+                                   "unquarantined with `jbench farm unquarantine PLACE`")
+            return {}, {}
+        names = [str(m.get("name")) for m in self.plan.pool.members]
+        unknown = [u for u in unquarantine if u not in names]
+        if unknown:
+            raise NightlyError(f"--unquarantine {unknown[0]}: not a unit of {self.device_class} ({', '.join(names)})")
+        # A server that does not answer (measuring into the spool) tells nothing of earlier nights: none quarantined.
+        streaks = {} if self.store.spool else unit_streaks(self._parents(self.uri), self.device_class)
+        after = self.plan.pool.farm.quarantine_after_failures
+        quarantined = {u: (f"quarantined: no measurement on {streaks[u]} nights in a row (farm.quarantine_after_"
+                           f"failures={after}); `jbench nightly {self.device_class} --unquarantine {u}` tries it again")
+                       for u in names if after > 0 and streaks.get(u, 0) >= after and u not in unquarantine}
+        if len(quarantined) == len(names):
+            raise NightlyError(f"every unit of {self.device_class} is quarantined; nothing was run:\n"
+                               + "\n".join(f"  - {u}: {why}" for u, why in quarantined.items()))
+        return streaks, quarantined
+
+    def _parents(self, uri_or_tracker: Any) -> Any:
+        """The experiment's earlier sweep parent runs (None: no store or no such experiment yet)."""
+        if isinstance(uri_or_tracker, str) and not store_exists(uri_or_tracker):
+            return None
+        from jbench.tracking.reader import runs_frame
+
+        try:
+            return runs_frame(uri_or_tracker, [self.experiment], kinds=("sweep",))
+        except LookupError:
+            return None
+        except Exception as exc:  # a store that does not answer: nothing known of earlier nights
+            log.warning("the earlier nightlies were not read: %s", exc)
+            return None
+
+    def _reachable(self, plan: Plan, missing: dict[str, str], say: Callable[[str], None]) -> Plan:
+        """The plan narrowed to the units that answer now; the others go into `missing` with their reason.
+        NightlyError when none answers (nothing was run)."""
+        pool = plan.pool
+        members = [m for m in pool.members if str(m.get("name")) not in missing]
+        dead = probe_units(members, plan.trials[0].cfg.profile, owner="nightly-probe")
+        for unit, why in dead.items():
+            missing[unit] = f"unreachable: {why}"
+            say(f"unit {unit} is not measured tonight: {why}")
+        alive = [m for m in members if str(m.get("name")) not in dead]
+        if not alive:
+            raise NightlyError(f"no unit of {self.device_class} can be reached; nothing was run:\n"
+                               + "\n".join(f"  - {u}: {why}" for u, why in missing.items()))
+        return dataclasses.replace(plan, pool=dataclasses.replace(pool, members=alive))
 
     def run(self, *, on_trial_start: Callable[[Any], None] = lambda t: None,
             on_trial_end: Callable[[Any], None] = lambda o: None,
@@ -188,14 +368,37 @@ class Nightly:
         from jbench.sweeps.sweep import PreflightError, run_sweep, tracker_factory
 
         tracker = tracker_factory(self.plan.tracking, self.store, say)
-        try:
-            swept = run_sweep(self.plan, tracker, on_trial_start=on_trial_start, on_trial_end=on_trial_end,
-                              every_unit=True)
-        except PreflightError as exc:
-            raise NightlyError(f"the devices of {self.device_class} are not ready; nothing was run:\n{exc}") from None
+        missing = dict(self.quarantined)
+        for unit, why in self.quarantined.items():
+            say(f"unit {unit} is not measured tonight: {why}")
+        plan = self._reachable(self.plan, missing, say) if self.probes_units else self.plan
+        while True:
+            try:
+                swept = run_sweep(plan, tracker, on_trial_start=on_trial_start, on_trial_end=on_trial_end,
+                                  every_unit=True)
+                break
+            except PreflightError as exc:
+                before = len(missing)
+                if self.probes_units:  # a unit that died since it was probed: the others still run
+                    plan = self._reachable(plan, missing, say)
+                if len(missing) == before:
+                    raise NightlyError(f"the devices of {self.device_class} are not ready; nothing was run:\n{exc}"
+                                       ) from None
         # The devices are released here: whatever regress and report do next, they hold nothing.
         result = NightlyResult(self.device_class, swept.experiment, swept.sweep_id, swept.parent_run_id,
-                               swept.tracking_uri, swept.outcomes, ExitCode.NO_VERDICT, notes=list(swept.notes))
+                               swept.tracking_uri, swept.outcomes, ExitCode.NO_VERDICT, notes=list(swept.notes),
+                               missing=missing)
+        if self.probes_units:
+            names = [str(m.get("name")) for m in self.plan.pool.members]
+            failed = set(missing) | {u for u in names if _night_failed(u, swept.outcomes)}
+            result.unit_failures = next_streaks(names, self.streaks, failed)
+            after = self.plan.pool.farm.quarantine_after_failures
+            result.quarantined = sorted(u for u, n in result.unit_failures.items() if after > 0 and n >= after)
+            for u in result.quarantined:
+                if u not in self.quarantined:
+                    result.notes.append(f"unit {u} quarantined: no measurement on {result.unit_failures[u]} nights "
+                                        f"in a row; the next nightlies skip it until `jbench nightly "
+                                        f"{self.device_class} --unquarantine {u}`")
         t = swept.tracker
         report: Optional[RegressReport] = None
         if t is None or swept.parent_run_id is None:
@@ -212,7 +415,8 @@ class Nightly:
             if df is not None:
                 result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
-        result.exit_code = exit_code(report.exit_code if report else ExitCode.NO_VERDICT, len(result.failed))
+        result.exit_code = exit_code(report.exit_code if report else ExitCode.NO_VERDICT, len(result.failed),
+                                     len(result.missing))
         if report is not None and report.exit_code == ExitCode.NO_VERDICT:
             result.no_verdict_reason = report.verdict_reason
         result.markdown = _markdown(result)
@@ -239,7 +443,7 @@ class Nightly:
             mode = "history" if enough else "pairwise"
         try:
             if mode == "history":
-                report = history(df, current=[sweep_id])
+                report = history(df, current=[sweep_id], reported=reported_in_store(self._parents(t)))
                 if not report.results:
                     return None, "no finished trial runs to check", mine if len(mine) else None, df
                 return report, "", mine, df
@@ -306,7 +510,11 @@ class Nightly:
                 "jbench.nightly.regressed_units": ",".join(result.regressed_units),
                 "jbench.nightly.confirmations": "; ".join(f"{c.unit}/{c.config_hash}: {c.status}"
                                                           for c in result.confirmations)[:5000],
-                "jbench.nightly.failed_trials": len(result.failed)})
+                "jbench.nightly.failed_trials": len(result.failed),
+                **encode_changes(reported_changes(result.regress) if result.regress is not None else []),
+                **({TAG_MISSING: "; ".join(f"{u}: {why}" for u, why in sorted(result.missing.items()))[:_CHUNK],
+                    "jbench.nightly.missing_units": ",".join(sorted(result.missing))} if result.missing else {}),
+                **_unit_tags(result)})
             t.log_texts(result.parent_run_id, {"nightly/regress.md": result.markdown,
                                                "nightly/junit.xml": result.junit_xml})
         except Exception as exc:  # the verdict is in the exit code and the files whatever the store says
@@ -316,7 +524,7 @@ class Nightly:
 
 def run_nightly(device_class: str, **kwargs: Any) -> NightlyResult:
     """Nightly(device_class, **options).run(): see Nightly. Raises NightlyError when nothing was run."""
-    run_keys = ("on_trial_start", "on_trial_end", "say")
+    run_keys = ("on_trial_start", "on_trial_end", "say")  # Nightly's own options are the rest (unquarantine, ...)
     hooks = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
     return Nightly(device_class, **kwargs).run(**hooks)
 
@@ -324,13 +532,22 @@ def run_nightly(device_class: str, **kwargs: Any) -> NightlyResult:
 # --- What the nightly writes ----------------------------------------------------------------------------------
 
 
+def _unit_tags(result: NightlyResult) -> dict[str, str]:
+    """The units' runs of failed nights and the quarantined ones (an absent tag: none; the next night reads it)."""
+    tags = {TAG_STREAKS: ",".join(f"{u}={n}" for u, n in sorted(result.unit_failures.items()) if n),
+            TAG_QUARANTINED: ",".join(result.quarantined)}
+    return {k: v for k, v in tags.items() if v}
+
+
 def _label(outcome: Any) -> str:
     return getattr(outcome.trial, "short_label", "") or outcome.trial.label
 
 
 def _markdown(result: NightlyResult) -> str:
+    broken = [f"{len(result.failed)} trial(s) failed"] if result.failed else []
+    broken += [f"unit(s) not measured: {', '.join(sorted(result.missing))}"] if result.missing else []
     head = {ExitCode.OK: "OK: no regression", ExitCode.FAILED: "FAIL: performance regression on "
-            + ", ".join(result.regressed_units), ExitCode.TRIALS_FAILED: f"FAIL: {len(result.failed)} trial(s) failed",
+            + ", ".join(result.regressed_units), ExitCode.TRIALS_FAILED: "FAIL: " + "; ".join(broken),
             ExitCode.NO_VERDICT: f"NO VERDICT: {result.no_verdict_reason}"}[result.exit_code]
     lines = [f"# jbench nightly {result.device_class}: {head}", "",
              f"Sweep `{result.sweep_id}` (experiment `{result.experiment}`) on {len(result.units)} unit(s): "
@@ -338,8 +555,11 @@ def _markdown(result: NightlyResult) -> str:
     if result.failed:
         lines += ["Failed trials:", ""] + [f"- {o.device or '?'}: {_label(o)}: {o.category}: {o.error}"
                                            for o in result.failed] + [""]
-    if result.exit_code == ExitCode.FAILED and result.failed:
-        lines += [f"Also {len(result.failed)} trial(s) failed (exit code 1 wins over 4).", ""]
+    if result.missing:
+        lines += ["Units not measured (each one fails the night; see `jbench devices check`):", ""]
+        lines += [f"- {u}: {why}" for u, why in sorted(result.missing.items())] + [""]
+    if result.exit_code == ExitCode.FAILED and broken:
+        lines += [f"Also {' and '.join(broken)} (exit code 1 wins over 4).", ""]
     if result.report_html:
         lines += [f"Report: {result.report_html}", ""]
     lines += [f"Note: {n}" for n in result.notes] + ([""] if result.notes else [])
@@ -364,7 +584,11 @@ def _junit(result: NightlyResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{o.device or 'device'}",
                              name=f"{_label(o)} [{o.trial.config_hash}] trial")
         ET.SubElement(case, "error", message=f"{o.category}: {o.error}"[:500], type=str(o.category)).text = str(o.error)
-    suite.set("errors", str(len(result.failed)))
+    for unit, why in sorted(result.missing.items()):
+        case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{unit}", name=f"unit {unit} measured")
+        kind = "quarantined" if why.startswith("quarantined") else "unreachable"
+        ET.SubElement(case, "error", message=why[:500], type=kind).text = why
+    suite.set("errors", str(len(result.failed) + len(result.missing)))
     suite.set("tests", str(len(suite.findall("testcase"))))
     ET.SubElement(suite, "system-out").text = (f"verdict: {result.verdict} (exit code {result.exit_code})\n"
                                                + (f"{result.no_verdict_reason}\n" if result.no_verdict_reason else ""))
