@@ -80,4 +80,7 @@ V2_KEYS = frozenset({
 })
 
 # key (as in V2_KEYS) -> canonical default (jbench.core.identity.canonical) at the time the key was added.
-ADDED_DEFAULTS: dict[str, str] = {}
+ADDED_DEFAULTS: dict[str, str] = {
+    # Settled speed (protocol 3): extra timed repetitions in the same context, the cold ones set aside.
+    "llamacpp:backend.settle_repetitions": "1",
+}

@@ -172,11 +172,16 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("{phase}_tps_std", "tok/s", "sample standard deviation (n − 1 denominator) of the per-repetition rates; absent "
        "with one repetition", PHASE_SPEED, "speed", requires=("{phase}_tps",)),
     _d("{phase}_tps_median", "tok/s", "median of the per-repetition rates", PHASE_SPEED, "speed", better=HIGHER),
-    _d("{phase}_tps_rep", "tok/s", "each repetition's rate, a stepped metric (step = repetition index from 0)",
+    _d("{phase}_tps_rep", "tok/s", "each settled repetition's rate, a stepped metric (step = repetition index from 0)",
        PHASE_SPEED, "speed", better=HIGHER, stepped=True),
     _d("{phase}_ms_mean", "ms", "mean wall time of one repetition of the phase", PHASE_SPEED, "speed", better=LOWER),
     _d("{phase}_tokens", "tok", "tokens processed in one repetition (n_prompt, n_gen)", PHASE_SPEED, "speed"),
     _d("{phase}_repetitions", "1", "number of timed repetitions behind the figures", PHASE_SPEED, "speed"),
+    _d("{phase}_cold_repetitions", "1", "leading timed repetitions set aside because their rate had not settled "
+       "(jbench.analysis.settle: off the median of the repetitions after backend.settle_repetitions by more than "
+       "max(3 %, 3 robust SDs)); absent where no settle check ran", PHASE_SPEED, "speed"),
+    _d("{phase}_cold_tps", "tok/s", "mean rate of those cold repetitions (not in `{phase}_tps`); absent when none "
+       "was cold", PHASE_SPEED, "speed"),
     _d("trial_wall_s", "s", "controller wall time of the whole trial (backend invocation incl. model load, warmup "
        "and parsing)", RUNNER, "speed"),
     # --- statistics over repetitions: phase_metrics too

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 PROTOCOL_CHANGES = {
     1: "the protocol as of jbench 0.2: llama-bench speed pass (-r repetitions after its own warm-up), energy passes "
        "for phases shorter than energy.min_window_s, idle and cooldown windows, device-clock phase windows",
     2: "{phase}_tps_ci95_low/high: the interval of the rate on the log scale (always > 0), no longer mean +- t sd/sqrt(n)",
+    3: "settled speed: llama-bench runs backend.settle_repetitions more timed repetitions in the same context and "
+       "the leading ones whose rate had not settled are set aside ({phase}_cold_repetitions, {phase}_cold_tps); "
+       "{phase}_tps and the phase's energy window cover the settled repetitions only",
 }
 
 STORE_FORMAT = 1

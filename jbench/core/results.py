@@ -106,6 +106,11 @@ class PhaseResult:
     # Device-clock time (epoch s) when the backend reported this phase's result; with the sum of the
     # repetition times it delimits the phase's measurement window for energy.
     end_time: Optional[float] = None
+    # Leading repetitions set aside because their rate had not settled (jbench.analysis.settle), in run order; they
+    # ran before samples_ns, so the window above starts after them.
+    cold_samples_ns: list[int] = field(default_factory=list)
+    settle: str = ""  # what the settle check found, in words ("" where no check ran)
+    settled: Optional[bool] = None  # False: still moving after the allowed warm-up repetitions; None: not checked
 
     @property
     def window(self) -> Optional[tuple[float, float]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from jbench.analysis.memory import parse_buffers
+from jbench.analysis.settle import settle_phase
 from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.rusage import peak_rss_argv, split_peak_rss
 from jbench.device.telemetry.samplers import stamped
@@ -53,6 +54,10 @@ class LlamaCppConfig:
     depth: int = field(default=0, metadata={"identity": True})
     repetitions: int = field(default=3, metadata={"identity": "bench"})
     warmup: bool = field(default=True, metadata={"identity": "bench"})
+    # Timed repetitions run before the measured ones, in the same context, and set aside while their rate has not
+    # settled (jbench.analysis.settle): on a GPU the first repetition of a context runs at a third to a half of the
+    # settled prefill rate after llama-bench's own warm-up. The bound of that detection; 0 turns it off.
+    settle_repetitions: int = field(default=1, metadata={"identity": "bench", **bounded(0)})
     # Layers offloaded to the GPU; -1 (llama.cpp's own spelling) or more than the model has: all of them.
     n_gpu_layers: int = field(default=99, metadata={"identity": True, **bounded(-1, note="-1 offloads all layers")})
     # None: llama-bench's own default (the number of physical cores it detects).
@@ -210,9 +215,11 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         )
 
     def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
-                repetitions: Optional[int] = None) -> list[str]:
-        """llama-bench's argument list; only_phase runs just prefill or decode (the energy pass)."""
+                repetitions: Optional[int] = None, settle: bool = True) -> list[str]:
+        """llama-bench's argument list; only_phase runs just prefill or decode (the energy pass). With settle, -r
+        adds backend.settle_repetitions to the repetitions (set aside by `run` while cold)."""
         cfg = self.config_of(trial)
+        reps = (repetitions or cfg.repetitions) + (cfg.settle_repetitions if settle else 0)
         n_prompt = 0 if only_phase == "decode" else cfg.n_prompt
         n_gen = 0 if only_phase == "prefill" else cfg.n_gen
         argv = [
@@ -221,7 +228,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             "-p", str(n_prompt),
             "-n", str(n_gen),
             "-d", str(cfg.depth),
-            "-r", str(repetitions or cfg.repetitions),
+            "-r", str(reps),
             "-ngl", str(cfg.n_gpu_layers),
             "-ctk", cfg.cache_type_k,
             "-ctv", cfg.cache_type_v,
@@ -268,6 +275,9 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             raise BackendError(
                 "unparseable_output", f"llama-bench printed no {', '.join(sorted(missing))} record", res.stdout, res.stderr
             )
+        for phase, pr in list(phases.items()):
+            phases[phase], _ = settle_phase(pr, cfg.settle_repetitions)
+            log.info("%s: %s", phase, phases[phase].settle)
         # Where the build ran from (tag backend.binary_dir): a nightly alarm's confirmation measures it again.
         return BackendResult(phases=phases, raw_output=res.stdout, raw_stderr=res.stderr,
                              build={**build, "binary_dir": self.binary_dir()}, info=info,
@@ -285,7 +295,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             # which needs its own lifecycle there (not done yet). No account rather than a wrong one.
             return None
         model_path = device_model_path(trial, conn)
-        argv = self.command(trial, model_path, repetitions=1) + ["-v"]
+        argv = self.command(trial, model_path, repetitions=1, settle=False) + ["-v"]
         if "--no-warmup" not in argv:
             argv.append("--no-warmup")
         log.info("memory pass: %s", shlex.join(argv))
