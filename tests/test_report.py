@@ -141,7 +141,9 @@ def test_report_from_a_real_sweep(tmp_path, llama_build, bundled_model):
     samples = {m: repetition_samples(uri, trials["run_id"], m) for m in ("decode_tps_rep", "prefill_tps_rep")}
     for run_id, row in trials.set_index("run_id").iterrows():
         reps = samples["decode_tps_rep"][run_id]
-        assert len(reps) == 2 and np.mean(reps) == pytest.approx(row["metrics.decode_tps"])
+        # Two repetitions, plus the settle repetition where it was not set aside as cold.
+        assert len(reps) == row["metrics.decode_repetitions"] in (2, 3)
+        assert np.mean(reps) == pytest.approx(row["metrics.decode_tps"])
 
     # The sweep's summary table in MLflow: no dotted column name (the UI's table would read it as a path).
     from mlflow.tracking import MlflowClient

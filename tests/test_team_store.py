@@ -165,7 +165,8 @@ def test_server_killed_each_controller_spools_and_syncs_once(team_store, llama_b
     client = MlflowClient(team_store.uri)
     for t in trials:
         reps = client.get_metric_history(t.info.run_id, "decode_tps_rep")
-        assert len(reps) == 3, reps  # each repetition once, none twice
+        # each settled repetition once, none twice (3 repetitions + 1 settle repetition, the cold ones set aside)
+        assert len(reps) == t.data.metrics["decode_repetitions"] and 3 <= len(reps) <= 4, reps
         assert "config.yaml" in _listing(client, t.info.run_id)
     for r in runs:  # no credential recorded anywhere on the server
         assert not any(password in v or team_store.pg.password in v

@@ -358,9 +358,10 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
             cfg, _ = compose(plain, dirs)
         except ConfigError as exc:
             raise _fail(str(exc)) from None
-        config = OmegaConf.to_container(cfg, resolve=True)
         if pool is not None:  # as the plan has it: the trials' device is the class, a unit runs them
-            config["device"].update(name=pool.name, device_class=pool.device_class)
+            cfg.device.name, cfg.device.device_class = pool.name, pool.device_class
+        config = OmegaConf.to_container(cfg, resolve=True)
+        if pool is not None:
             err_console.print(f"note: {_units_text(pool)}", highlight=False, soft_wrap=True)
         if dims:
             err_console.print(f"note: command-line sweep dimensions ({', '.join(dims)}) are not applied here; "
@@ -379,9 +380,9 @@ def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_
 def _class_overrides(overrides: list[str], dirs: list) -> tuple[Any, list[str]]:
     """(the pool of a `device=@CLASS` override or None, the overrides to compose with): the class is no device
     entry, so it is composed as the plan composes it, with its first unit's entry (ConfigError as the plan's)."""
-    from jbench.sweeps.plan import _pool  # the planner's own reading of device=@CLASS, so both agree
+    from jbench.sweeps.plan import class_pool  # the planner's own reading of device=@CLASS, so both agree
 
-    return _pool(overrides, dirs)
+    return class_pool(overrides, dirs)
 
 
 def _units_text(pool: Any) -> str:

@@ -545,7 +545,7 @@ def replicate(trials: list[Trial], rounds: int) -> list[Trial]:
 def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_grid: bool = True) -> Plan:
     """expand -> name_models -> drop -> validate -> order -> replicate. Raises ConfigError for problems of the
     config as a whole; problems of single trials are collected in Plan.problems."""
-    pool, composed = _pool(overrides, config_dirs)
+    pool, composed = class_pool(overrides, config_dirs)
     ex = expand(composed, config_dirs, use_grid=use_grid)
     if pool is not None:
         for cell in ex.cells:
@@ -575,7 +575,7 @@ def plan(overrides: list[str], config_dirs: Optional[list[Path]] = None, *, use_
                 overrides=list(overrides), notes=notes, rounds=rounds, sweep=sweep, pool=pool)
 
 
-def _pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Optional[Pool], list[str]]:
+def class_pool(overrides: list[str], config_dirs: Optional[list[Path]]) -> tuple[Optional[Pool], list[str]]:
     """(the pool of a `device=@CLASS` override or None, the overrides to compose with). Hydra parses `@CLASS`
     but has no such device entry: the override is replaced by the class's first unit (its profile and
     paths plan the trials) or, with a coordinator and no entry of the class here, by the default device."""
