@@ -177,6 +177,33 @@ def test_thermal_gate_waits_bounded_and_skips_without_sensors():
         "thermal.gate": "no temperature sensors: not gated"}
 
 
+def test_the_thermal_gate_reads_a_gpu_hosts_own_gpu_temperature():
+    from types import SimpleNamespace
+
+    from jbench.device.thermal import hottest_c, parse_temperatures
+
+    # A GPU host in a container: no thermal zone, NVML's temperature through nvidia-smi (degrees C, one line a GPU).
+    assert parse_temperatures("gpu 34\ngpu 41\n") == {"gpu": [34.0, 41.0]}
+    # A Jetson: zones in milli-degrees, an offline zone (-256 C) ignored, a GPU without a sensor ("[N/A]") ignored.
+    both = "zone 45500\nzone -256000\nzone 51000\ngpu [N/A]\n"
+    assert parse_temperatures(both) == {"zone": [45.5, 51.0]}
+
+    class Conn:
+        def __init__(self, out: str):
+            self.out, self.argv = out, None
+
+        def run(self, argv, timeout):
+            self.argv = argv
+            return SimpleNamespace(stdout=self.out, returncode=0)
+
+    conn = Conn("zone 38000\ngpu 63\n")
+    assert hottest_c(conn) == 63.0 and conn.argv[:2] == ["sh", "-c"]  # a constant script, no user input
+    assert hottest_c(Conn("")) is None
+    log = logging.getLogger("test")
+    tags = thermal_gate(Conn("gpu 41\n"), ThermalConfig(start_below_c=60), log)
+    assert tags == {"thermal.start_temp_c": "41.0", "thermal.gate": "cool"}
+
+
 @pytest.mark.e2e
 def test_resume_runs_only_what_is_not_finished(tmp_path, bundled_model):
     env = {"JBENCH_RESULTS_DIR": str(tmp_path)}

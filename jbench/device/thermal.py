@@ -9,20 +9,35 @@ from typing import Optional
 from jbench.core.schema import ThermalConfig
 from jbench.device.connection import Connection
 
-# Constant script; thermal zones report milli-degrees C; offline sensors (-256 C and the like) are ignored.
-_READ = 'for z in /sys/devices/virtual/thermal/thermal_zone*/temp; do [ -r "$z" ] && cat "$z"; done 2>/dev/null'
+# Constant script: the thermal zones (milli-degrees C, prefixed "zone"), then a discrete NVIDIA GPU's own
+# temperature (degrees C, prefixed "gpu") where nvidia-smi exists: a GPU host often exposes no thermal zone
+# (a container, a server board) while NVML reports the GPU's temperature, and the GPU is what a trial heats.
+# Offline sensors (-256 C and the like) are ignored.
+_READ = ('for z in /sys/devices/virtual/thermal/thermal_zone*/temp; do [ -r "$z" ] && printf "zone %s\\n" "$(cat "$z")"; '
+         'done 2>/dev/null; if command -v nvidia-smi >/dev/null 2>&1; then '
+         'nvidia-smi --query-gpu=temperature.gpu --format=csv,noheader,nounits 2>/dev/null | sed "s/^/gpu /"; fi')
+
+
+def parse_temperatures(text: str) -> dict[str, list[float]]:
+    """Readings in degrees C by source ("zone", "gpu") from the output of the constant script above."""
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or parts[0] not in ("zone", "gpu"):
+            continue
+        try:
+            value = float(parts[1]) / (1000.0 if parts[0] == "zone" else 1.0)
+        except ValueError:
+            continue  # "[N/A]" from a GPU without a sensor
+        if -40.0 < value < 150.0:
+            found.setdefault(parts[0], []).append(value)
+    return found
 
 
 def hottest_c(conn: Connection) -> Optional[float]:
+    """The hottest reading of the device's thermal zones and its NVIDIA GPUs, or None without any sensor."""
     res = conn.run(["sh", "-c", _READ], timeout=30)
-    temps = []
-    for line in res.stdout.split():
-        try:
-            value = int(line) / 1000.0
-        except ValueError:
-            continue
-        if -40.0 < value < 150.0:
-            temps.append(value)
+    temps = [t for values in parse_temperatures(res.stdout).values() for t in values]
     return max(temps) if temps else None
 
 
