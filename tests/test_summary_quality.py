@@ -17,8 +17,8 @@ from jbench.core.results import Category, Status
 MEANING = "requantization loss against the F16 reference, not quality against the original weights"
 
 
-def _trial(index, quant, kv="f16", quality=None, device="local"):
-    backend = NS(n_prompt=16, n_gen=4, repetitions=2, cache_type_k=kv, cache_type_v=kv)
+def _trial(index, quant, kv="f16", quality=None, device="local", depth=0):
+    backend = NS(n_prompt=16, n_gen=4, repetitions=2, cache_type_k=kv, cache_type_v=kv, depth=depth)
     quality = quality or NS(enabled=False, max_kld=None, min_same_top_pct=None)
     cfg = NS(backend=backend, model=NS(name="gemma3_270m", quant=quant), device=NS(name=device), quality=quality)
     label = quant if kv == "f16" else f"{quant} KV {kv}"
@@ -123,3 +123,18 @@ def test_a_failed_trial_is_no_candidate_and_groups_are_named_per_device():
     heads = [line for line in lines if line.startswith("quality: ")]
     assert len(heads) == 2 and heads[0].startswith("quality: gemma3_270m on local: Choice")
     assert heads[1].startswith("quality: gemma3_270m on orin: Choice")
+
+
+def test_the_choice_is_made_at_each_depth_a_workload_not_across_them():
+    # kv_precision on the embedded default (measured): q8_0 KV within the 0.01 bar at depth 4096 only.
+    q = NS(enabled=True, max_kld=0.01, min_same_top_pct=None)
+    runs = [(1, "f16", 512, 0.0, 0.0), (2, "f16", 4096, 0.0, 0.0), (3, "q8_0", 512, 0.00911, 0.000553),
+            (4, "q8_0", 4096, 0.00793, 0.000222), (5, "q4_0", 512, 0.142, 0.004), (6, "q4_0", 4096, 0.133, 0.003)]
+    outcomes = [_outcome(i, "Q4_K_M", {"quality_kld_mean": kld, "quality_kld_mean_err": err,
+                                       "roofline_bits_per_weight": 4.89}, quality=q, kv=kv, depth=depth)
+                for i, kv, depth, kld, err in runs]
+    heads = [line for line in choice_lines(_sweep(outcomes), [], _label) if line.startswith("quality: ")]
+    assert len(heads) == 2, heads
+    assert heads[0].startswith("quality: at depth 512: ") and heads[1].startswith("quality: at depth 4096: ")
+    # At 4096 q8_0 meets the bar; at 512 its interval straddles it, so the f16 cache is the one that meets it.
+    assert "Q4_K_M KV q8_0" in heads[1] and "Q4_K_M KV q8_0" not in heads[0], heads

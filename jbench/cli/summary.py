@@ -292,15 +292,18 @@ def _choice_row(o: Any, label: str) -> dict[str, Any]:
     return row
 
 
-def _group(o: Any) -> tuple[str, str]:
+def _group(o: Any) -> tuple[str, str, int]:
+    """What a choice is made within: the device, the model, and the context depth the trial decodes at (a workload,
+    not a choice: "q8_0 KV at depth 4096" is no answer for a user whose prompts are 512 tokens)."""
     cfg = o.trial.cfg
-    return str(o.device or cfg.device.name or ""), str(cfg.model.name or "")
+    depth = int(getattr(cfg.backend, "depth", 0) or 0)
+    return str(o.device or cfg.device.name or ""), str(cfg.model.name or ""), depth
 
 
 def sweep_choices(outcome: Any, keys: list[str],
-                  label: Callable[[Any, list[str]], str]) -> list[tuple[tuple[str, str], Choice]]:
-    """The choice within the sweep's quality bar per (device, model) of the bench scenario's trials; empty when no
-    trial measured quality and `quality.enabled` is off."""
+                  label: Callable[[Any, list[str]], str]) -> list[tuple[tuple[str, str, int], Choice]]:
+    """The choice within the sweep's quality bar per (device, model, depth) of the bench scenario's trials; empty
+    when no trial measured quality and `quality.enabled` is off."""
     outcomes = [o for o in outcome.outcomes if scenario(o.trial) != LATENCY]
     bar, enabled, _ = _bar([o.trial for o in outcomes])
     measured = any(number((o.metrics or {}).get(m)) is not None for o in outcomes
@@ -314,13 +317,19 @@ def sweep_choices(outcome: Any, keys: list[str],
 
 
 def choice_lines(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str]) -> list[str]:
-    """The choice as the summary prints it: per (device, model) a headline and its reasons (indented), the caveat
+    """The choice as the summary prints it: per (device, model, depth) a headline and its reasons (indented), the caveat
     of what the quality figures measure; a line per group only when the sweep has several."""
     choices = sweep_choices(outcome, keys, label)
     _, _, notes = _bar([o.trial for o in outcome.outcomes if scenario(o.trial) != LATENCY])
     lines: list[str] = []
-    for (device, model), choice in choices:
-        prefix = f"{model} on {device}: " if len(choices) > 1 else ""
+    several = {what: len({g[i] for g, _ in choices}) > 1 for i, what in enumerate(("device", "model", "depth"))}
+    for (device, model, depth), choice in choices:
+        prefix = ""
+        if several["device"] or several["model"]:
+            prefix = f"{model} on {device}"
+        if several["depth"]:
+            prefix += f"{' ' if prefix else ''}at depth {depth}"
+        prefix += ": " if prefix else ""
         lines.append("quality: " + prefix + choice.headline())
         lines += [f"  {r}" for r in choice.reasons]
         lines += [f"  caveat: {c}" for c in choice.caveats]
