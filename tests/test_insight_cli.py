@@ -22,7 +22,8 @@ def two_sweeps(tmp_path_factory, bundled_model):
     for _ in range(2):
         res = jbench_cli(["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q8_0", "backend.n_prompt=16",
                           "backend.n_gen=4", "backend.repetitions=3", "sweep.rerun=true", "device.bandwidth_gbs=30",
-                          "quality.enabled=false"],
+                          # exactly 3 samples a side (no settle repetition that may or may not be set aside)
+                          "quality.enabled=false", "backend.settle_repetitions=0"],
                          env_extra=env)
         assert res.returncode == 0, res.stdout + res.stderr
         sweeps.append(re.search(r"sweep (\d{8}-\d{6}-[0-9a-f]{6})", res.stdout).group(1))

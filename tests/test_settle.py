@@ -45,8 +45,19 @@ def test_on_a_noisy_machine_only_what_stands_out_of_its_own_noise_is_cold():
     noisy = [100.0, 112.0, 90.0, 105.0, 95.0, 108.0]  # ~8 % spread: a first repetition 10 % off is not cold
     s = settle_point(noisy, allowed=1)
     assert s.cold == 0 and s.threshold > 0.1
-    # A warm-up faster than the settled rate (a boost that throttles) is not settled either.
-    assert settle_point([150.0, 100.0, 101.0, 99.0], allowed=1).cold == 1
+    # Only a slow repetition is cold: a fast first one is kept.
+    assert settle_point([150.0, 100.0, 101.0, 99.0], allowed=1).cold == 0
+
+
+def test_few_repetitions_after_the_bound_never_let_a_slow_outlier_discard_a_good_one():
+    # -r 1 plus one settle repetition on a loaded CPU: the good first repetition, then a stall. Nothing is cold.
+    assert settle_point([544.0, 27.8], allowed=1).cold == 0
+    # One repetition after the bound: no spread to measure, only a repetition more than 25 % slower is cold.
+    assert settle_point([80.0, 100.0], allowed=1).cold == 0
+    assert settle_point([9768.0, 28111.0], allowed=1).cold == 1
+    # Two after the bound: their own spread sets the threshold (100 and 120: SD 14 %, so 3 SD is 42 %).
+    assert settle_point([70.0, 100.0, 120.0], allowed=1).cold == 0
+    assert settle_point([40.0, 100.0, 120.0], allowed=1).cold == 1
 
 
 def test_no_check_without_settle_repetitions_or_with_a_single_repetition():

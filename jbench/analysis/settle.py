@@ -8,11 +8,13 @@ bounded number of extra timed repetitions in the same context, and this module d
 many of the leading ones were cold:
 
 - the settled reference is the median of the repetitions after the bound (those are never set aside);
-- the threshold is the larger of a floor (3 %) and 3 robust standard deviations of those repetitions (1.4826 ×
-  their median absolute deviation, relative to the median), so a noisy machine sets aside only what stands out of
-  its own noise;
-- leading repetitions are cold while their rate is off the reference by more than the threshold (either way: a
-  turbo burst that throttles is not settled either); the first one within it ends the warm-up;
+- the threshold is the larger of a floor (3 %) and 3 standard deviations of those repetitions relative to their
+  median (robust, 1.4826 × the median absolute deviation, from three or more; the sample SD of two), so a noisy
+  machine sets aside only what stands out of its own noise; with a single repetition after the bound there is no
+  noise to measure, and only a repetition more than 25 % slower counts;
+- leading repetitions are cold while their rate is below the reference by more than the threshold (warm-up makes a
+  repetition slow; a fast one is never set aside, so a slow outlier after the bound cannot discard a good one); the
+  first one within it ends the warm-up;
 - when every allowed repetition was cold and the first reference repetition is itself off the median of the rest,
   the rate had not settled within the bound: said, never hidden.
 """
@@ -26,6 +28,7 @@ from typing import Sequence
 from jbench.core.results import PhaseResult
 
 FLOOR = 0.03
+FLOOR_WITHOUT_NOISE = 0.25  # one repetition after the bound: no spread to measure
 K_SIGMA = 3.0
 MAD_TO_SD = 1.4826
 
@@ -60,18 +63,22 @@ def settle_point(rates: Sequence[float], allowed: int, floor: float = FLOOR, k_s
         return Settle(0, 0, True, statistics.median(rates) if rates else float("nan"), floor)
     reference = list(rates[allowed:])
     m = statistics.median(reference)
-    spread = 0.0
-    if len(reference) >= 3 and m > 0:
-        mad = statistics.median(abs(r - m) for r in reference)
-        spread = MAD_TO_SD * mad / m
+    if m <= 0:
+        return Settle(0, allowed, True, m, floor)
+    if len(reference) >= 3:
+        spread = MAD_TO_SD * statistics.median(abs(r - m) for r in reference) / m
+    elif len(reference) == 2:
+        spread = statistics.stdev(reference) / m
+    else:
+        spread = FLOOR_WITHOUT_NOISE / k_sigma
     threshold = max(floor, k_sigma * spread)
     cold = 0
-    while cold < allowed and m > 0 and abs(rates[cold] - m) / m > threshold:
+    while cold < allowed and (m - rates[cold]) / m > threshold:
         cold += 1
     settled = True
-    if cold == allowed and len(reference) >= 2:
+    if cold == allowed and len(reference) >= 3:
         rest = statistics.median(reference[1:])
-        settled = rest > 0 and abs(reference[0] - rest) / rest <= threshold
+        settled = rest > 0 and (rest - reference[0]) / rest <= threshold
     return Settle(cold, allowed, settled, m, threshold)
 
 

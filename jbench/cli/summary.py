@@ -296,7 +296,7 @@ def _group(o: Any) -> tuple[str, str, int]:
     """What a choice is made within: the device, the model, and the context depth the trial decodes at (a workload,
     not a choice: "q8_0 KV at depth 4096" is no answer for a user whose prompts are 512 tokens)."""
     cfg = o.trial.cfg
-    depth = int(getattr(cfg.backend, "depth", 0) or 0)
+    depth = int(cfg.backend.depth or 0) if hasattr(cfg.backend, "depth") else 0  # a backend without the setting: 0
     return str(o.device or cfg.device.name or ""), str(cfg.model.name or ""), depth
 
 

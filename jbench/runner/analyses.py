@@ -170,11 +170,6 @@ class Noise(Stage):
     def run(self, ctx: TrialContext) -> None:
         cvs = {k: v for k, v in ctx.record.metrics.items() if k.endswith("_tps_cv") and not math.isnan(v)}
         reasons = [f"{k}={v:.3f} > sweep.max_cv={ctx.max_cv}" for k, v in cvs.items() if v > ctx.max_cv]
-        # A rate still moving after the warm-up repetitions is not a settled figure, whatever its spread.
-        result = ctx.backend_result
-        for phase, pr in (result.phases.items() if result is not None else ()):
-            if pr.settled is False:
-                reasons.append(f"{phase} {pr.settle}")
         if reasons:
             ctx.noisy = True
             ctx.record.tags.update({"jbench.noisy": "true", "jbench.noisy_reason": ", ".join(reasons)})
