@@ -27,6 +27,16 @@ cannot run (the previous build's directory is gone, the build did not change), t
 stands with the reason.
 
 \b
+Same-night control: on a class with a reference build (farm.reference: a
+backend.binary_dir kept on every unit, or "accepted", the default: the build
+last accepted with --promote-reference) each configuration also runs the
+reference on the same unit, counterbalanced (T R R T); a code change is judged
+on the night's paired ratio test/reference, so a clear drop fails its first
+night, and a drop of both builds is an environment change, not the build's.
+It doubles the covered configurations' device time: farm.control_every=N runs it
+every Nth night, farm.control_only=[{model.quant: Q4_0}] on some configurations.
+
+\b
 A dead unit does not stop the night: the units that answer are measured, each one
 that does not is a JUnit error and a markdown line (exit 4). A unit without a
 measurement on farm.quarantine_after_failures nights in a row (default 3) is
@@ -76,14 +86,17 @@ Example:
               help="Significance level of the confirmation's paired t-test.")
 @click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
               help="Smallest relative change (0.01 = 1 %%) a confirmed regression must have.")
+@click.option("--promote-reference", is_flag=True, default=False,
+              help="Accept tonight's build under test as the class's reference build (farm.reference=accepted) from "
+                   "the next night on; recorded on the night's parent run.")
 @click.option("--unquarantine", "unquarantine", multiple=True, metavar="UNIT",
               help="Measure this quarantined unit again tonight (repeatable); a measurement ends its quarantine.")
 @common_options
 @_config_dir_option
 def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode: str, baseline: Optional[str],
             junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str], confirm: bool,
-            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float, unquarantine: tuple[str, ...],
-            results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
+            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float, promote_reference: bool,
+            unquarantine: tuple[str, ...], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.app import _signals_as_interrupt
     from jbench.analysis.paired import ConfirmSettings
     from jbench.sweeps.nightly import Nightly, NightlyError
@@ -94,7 +107,7 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
                       report_dir=report_dir, confirm=confirm,
                       confirm_settings=ConfirmSettings(pairs=confirm_pairs, alpha=confirm_alpha,
                                                        min_effect=confirm_threshold),
-                      unquarantine=list(unquarantine))
+                      unquarantine=list(unquarantine), promote_reference=promote_reference)
     except NightlyError as exc:
         raise _fail(str(exc)) from None
     console.print(f"[bold]nightly {escape(device_class)}[/]: {len(job.plan.trials)} trial(s) of "
