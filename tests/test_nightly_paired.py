@@ -302,6 +302,30 @@ def _build_dir(tmp_path: Path, name: str, real_bin: str) -> str:
     return str(d)
 
 
+def test_the_nightly_plans_the_control_before_any_device_and_refuses_a_reference_it_cannot_run(tmp_path):
+    from jbench.sweeps.nightly import Nightly, NightlyError
+
+    from .gguf_files import unloadable_gguf
+
+    conf, results = _conf(tmp_path), tmp_path / "r"
+    unloadable_gguf(tmp_path / "Q4_0.gguf")  # planning reads its header; nothing loads it
+    common = [*COMMON, "model.source=files", f"model.path_template='{tmp_path}/{{quant}}.gguf'"]
+    job = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
+                  overrides=[*common, "backend.binary_dir=/b/test", "farm.reference=/b/ref"])
+    assert job.control.on and job.control.reference.binary_dir == "/b/ref"
+    assert [(t.round, t.config["backend"]["binary_dir"]) for t in job.plan.trials] == \
+        [(1, "/b/test"), (1, "/b/ref"), (2, "/b/ref"), (2, "/b/test")]
+    off = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
+                  overrides=[*common, "farm.reference=/b/ref", "farm.control_every=0"])
+    assert not off.control.on and len(off.plan.trials) == 2
+    (conf / "experiment" / "engine_nightly.yaml").write_text("# @package _global_\n" + yaml.safe_dump({
+        "experiment": {"name": "engine_nightly"}, "model": {"quant": "Q4_0"}}))
+    with pytest.raises(NightlyError, match="has no build directory"):
+        Nightly(CLASS, experiment="engine_nightly", config_dirs=[conf], results_dir=results,
+                overrides=[*common, "backend=engine", "backend.binary=/bin/true", "farm.reference=/b/ref"])
+    assert not (results / "mlflow.db").exists()  # nothing was recorded, no device touched
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.alone  # the speed difference of two real builds

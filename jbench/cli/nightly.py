@@ -48,12 +48,14 @@ the farm: `jbench farm unquarantine`.)
 Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
   0  clean: every unit x configuration was tested, none regressed, no trial failed
   1  regression on some unit (named in the summary and the JUnit failures); a change
-     found only after it left the newest nights, never reported before, counts too
+     found only after it left the newest nights, never reported before, counts too;
+     so does a paired regression against the same-night reference, on its first night
   2  nothing was run: unknown class, bad config or override, unwritable output path,
      unknown --baseline, no unit of the class reachable (or all quarantined), a
      unit that answers but is not ready (preflight), none leased from the farm
   3  no verdict: some configuration could not be tested (too few nights for the
-     history, first night: no baseline; too few samples)
+     history, first night: no baseline; too few samples) and no same-night control
+     judged it
   4  some trial FAILED, or some unit was not measured (unreachable, quarantined):
      recorded, regressed and reported anyway, never green
   130  interrupted (Ctrl-C, SIGTERM): runs KILLED, devices released
@@ -83,9 +85,9 @@ Example:
               help="Measure each regression found again (previous vs new build, interleaved) before it fails the night.")
 @click.option("--confirm-pairs", type=int, default=6, show_default=True, help="A B pairs of the confirmation.")
 @click.option("--confirm-alpha", type=float, default=0.01, show_default=True,
-              help="Significance level of the confirmation's paired t-test.")
+              help="Significance level of the confirmation's paired t-test and of the same-night control's ratio.")
 @click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
-              help="Smallest relative change (0.01 = 1 %%) a confirmed regression must have.")
+              help="Smallest relative change (0.01 = 1 %%) a confirmed (or same-night control) regression must have.")
 @click.option("--promote-reference", is_flag=True, default=False,
               help="Accept tonight's build under test as the class's reference build (farm.reference=accepted) from "
                    "the next night on; recorded on the night's parent run.")
