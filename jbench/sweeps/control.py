@@ -228,7 +228,7 @@ def _rates(outcomes: Sequence[Any], metric: str) -> dict[tuple[str, str, str], l
 
 
 def _labels(outcomes: Sequence[Any]) -> dict[str, str]:
-    return {o.trial.config_hash: short_label(o.trial.point) or o.trial.config_hash
+    return {o.trial.config_hash: short_label(o.trial.point) or f"{o.trial.cfg.model.name} {o.trial.cfg.model.quant}"
             for o in outcomes if not is_reference_hash(o.trial.config_hash)}
 
 
