@@ -27,6 +27,28 @@ otherwise it is not confirmed and leaves the exit code, the JUnit failures and t
 the verdicts back: a history series per metric; a two-sweep configuration stands when any of its rates is
 confirmed).
 Pairing removes what drifts slowly between pairs (temperature, background load) from the comparison.
+
+The same-night control (jbench.sweeps.control runs it): a pinned reference build measured on the same unit and
+in the same power state as the build under test, counterbalanced (T R ... R T), every night it is on. Most of a
+night's noise (clocks, thermal state, background load) is shared by both builds, so a code change is judged on
+the per-night paired ratio, never on the absolute series:
+
+`night_ratio(test, reference, direction)`: the ratio of the geometric means of the two builds' per-repetition
+rates that night (test / reference), its (1 - alpha) Welch interval and p-value on ln(rates) (analysis.stats.
+ratio_test), and the verdict: a regression when the ratio is worse by the metric's direction, p < alpha and
+|ratio - 1| >= min_effect.
+
+`reference_shift(previous, tonight)`: the reference build against itself on its previous control night, the same
+test: the reference's own absolute series. When it moved, the environment moved (a JetPack update, a new power
+profile, a fan) and moves both builds: `control_verdict` calls a night whose paired ratio holds but whose
+reference moved an "environment change", never blamed on the build.
+
+`repetitions_for(cv, half_width)`: repetitions per build to resolve a ratio to +-half_width at a measured
+within-night spread (the noise budget).
+
+`settle_by_control(report, verdicts)`: the absolute report's alarms of configurations the control judged tonight
+take the control's verdict (a regression stands only when the paired ratio says so); the rest are left to the
+re-measuring confirmation.
 """
 
 from __future__ import annotations
@@ -39,11 +61,13 @@ from typing import Optional
 import pandas as pd
 
 from jbench.analysis.compare import CONFIG_HASH
-from jbench.analysis.history import DEVICE, METRICS, SWEEP, UNIT, HistoryReport, SeriesResult
+from jbench.analysis.history import (DEVICE, IMPROVEMENT, METRICS, NO_CHANGE, SWEEP, UNIT, HistoryReport,
+                                     SeriesResult)
 from jbench.analysis.regress import REGRESSION, ConfigResult, RegressReport
 
 __all__ = ["ConfirmSettings", "Alarm", "BuildRef", "Target", "Skipped", "PairedChange", "alarms", "targets",
-           "paired_change", "settle"]
+           "paired_change", "settle", "NightRatio", "ReferenceShift", "ControlVerdict", "night_ratio",
+           "reference_shift", "control_verdict", "repetitions_for", "settle_by_control", "ENV_CHANGE"]
 
 BINARY_DIR = "tags.backend.binary_dir"
 BUILD_COMMIT = "tags.backend.build_commit"
@@ -177,6 +201,8 @@ def alarms(report: HistoryReport | RegressReport) -> list[Alarm]:
     if isinstance(report, HistoryReport):
         grouped: dict[tuple[str, str], list[SeriesResult]] = {}
         for r in report.alarms():
+            if r.confirmed is not None:  # already judged (by the same-night control)
+                continue
             grouped.setdefault((r.series.unit, r.series.config_hash), []).append(r)
         for (unit, h), results in grouped.items():
             change, nights = results[0].deciding, results[0].series.nights
@@ -185,7 +211,7 @@ def alarms(report: HistoryReport | RegressReport) -> list[Alarm]:
                              nights[-1].sweep_id, list(results)))
         return out
     for r in report.results:
-        if r.status != REGRESSION:
+        if r.status != REGRESSION or r.confirmed is not None:
             continue
         metrics = [c.metric for c in r.checks if c.verdict == REGRESSION]
         before = r.baseline_sweeps[-1] if r.baseline_sweeps else ""
@@ -291,3 +317,189 @@ def paired_change(a: Sequence[float], b: Sequence[float], direction: int, *, met
     mean_a = sum(x for x, _ in pairs) / n
     mean_b = sum(y for _, y in pairs) / n
     return PairedChange(metric, n, mean_a, mean_b, mean, low, high, p, worse, confirmed, reason, pairs)
+
+
+# --- The same-night control ---------------------------------------------------------------------------------------
+
+ENV_CHANGE = "environment change"
+NO_VERDICT = "no verdict"
+
+
+@dataclass(frozen=True)
+class NightRatio:
+    """The build under test against the reference on one night, one unit x configuration x metric."""
+
+    metric: str
+    n_test: int  # per-repetition rates of each build that night
+    n_reference: int
+    ratio: float  # geometric mean of test / geometric mean of reference
+    low: float  # (1 - alpha) interval of the ratio
+    high: float
+    p_value: float
+    cv: float  # within-night spread: the pooled SD of ln(rate) of both builds (about the per-repetition CV)
+    detectable: float  # the smallest relative change this night could flag (on the log scale, a rise)
+    verdict: str  # regression | improvement | no change | no verdict
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.verdict == NO_VERDICT and not math.isfinite(self.p_value):
+            return f"{self.metric}: no verdict ({self.reason})"
+        pct = lambda x: f"{(x - 1) * 100:+.2f} %"  # noqa: E731
+        return (f"{self.metric}: test/reference {pct(self.ratio)} (CI {pct(self.low)} … {pct(self.high)}), "
+                f"p={self.p_value:.2g}, {self.n_test}+{self.n_reference} repetitions, within-night spread "
+                f"{self.cv * 100:.2f} %: {self.verdict}" + (f" ({self.reason})" if self.reason else ""))
+
+
+def _finite_positive(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
+
+
+def _pooled_log_sd(a: Sequence[float], b: Sequence[float]) -> float:
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    dof = len(la) + len(lb) - 2
+    if dof < 1:
+        return math.nan
+    ss = sum((x - sum(la) / len(la)) ** 2 for x in la) + sum((x - sum(lb) / len(lb)) ** 2 for x in lb)
+    return math.sqrt(ss / dof)
+
+
+def night_ratio(test: Sequence[float], reference: Sequence[float], direction: int, *, metric: str = "",
+                alpha: float = 0.01, min_effect: float = 0.01) -> NightRatio:
+    """The paired ratio of one night (module doc). Non-finite or non-positive rates are left out; fewer than 2 a
+    side (or no spread at all) decide nothing."""
+    from jbench.analysis.stats import ratio_test
+
+    t, r = _finite_positive(test), _finite_positive(reference)
+    rt = ratio_test(r, t, confidence=1 - alpha)
+    cv = _pooled_log_sd(t, r) if t and r else math.nan
+    if not math.isfinite(rt.p_value):
+        return NightRatio(metric, len(t), len(r), rt.ratio, math.nan, math.nan, math.nan, cv, math.nan, NO_VERDICT,
+                          rt.reason)
+    change = rt.ratio - 1
+    worse = change * direction < 0
+    if rt.p_value >= alpha or abs(change) < min_effect:
+        verdict = NO_CHANGE
+        reason = (f"not significant at alpha {alpha:g}" if rt.p_value >= alpha
+                  else f"smaller than the threshold {min_effect:.1%}")
+    else:
+        verdict, reason = (REGRESSION if worse else IMPROVEMENT), ""
+    return NightRatio(metric, len(t), len(r), rt.ratio, rt.low, rt.high, rt.p_value, cv, rt.detectable, verdict,
+                      reason)
+
+
+@dataclass(frozen=True)
+class ReferenceShift:
+    """The reference build tonight against itself on its previous control night (the same build)."""
+
+    metric: str
+    previous_sweep: str
+    ratio: float  # tonight / previous night, geometric means of the reference's per-repetition rates
+    low: float
+    high: float
+    p_value: float
+    moved: bool  # significant and at least the threshold, either way
+    reason: str = ""
+
+    def describe(self) -> str:
+        if not math.isfinite(self.p_value):
+            return f"reference {self.metric}: not compared with night {self.previous_sweep or '-'} ({self.reason})"
+        pct = lambda x: f"{(x - 1) * 100:+.2f} %"  # noqa: E731
+        return (f"reference {self.metric} against night {self.previous_sweep}: {pct(self.ratio)} (CI {pct(self.low)}"
+                f" … {pct(self.high)}), p={self.p_value:.2g}: {'moved' if self.moved else 'steady'}")
+
+
+def reference_shift(previous: Sequence[float], tonight: Sequence[float], *, metric: str = "", previous_sweep: str = "",
+                    alpha: float = 0.01, min_effect: float = 0.01) -> ReferenceShift:
+    """Did the reference's absolute rate move since its previous control night (module doc)?"""
+    from jbench.analysis.stats import ratio_test
+
+    a, b = _finite_positive(previous), _finite_positive(tonight)
+    rt = ratio_test(a, b, confidence=1 - alpha)
+    if not math.isfinite(rt.p_value):
+        return ReferenceShift(metric, previous_sweep, rt.ratio, math.nan, math.nan, math.nan, False,
+                              rt.reason if a else "no earlier night of this reference")
+    moved = rt.p_value < alpha and abs(rt.ratio - 1) >= min_effect
+    return ReferenceShift(metric, previous_sweep, rt.ratio, rt.low, rt.high, rt.p_value, moved)
+
+
+@dataclass
+class ControlVerdict:
+    """One unit x configuration x metric judged by the same-night control."""
+
+    unit: str
+    config_hash: str  # the build under test's configuration
+    label: str
+    paired: NightRatio
+    shift: Optional[ReferenceShift] = None
+    verdict: str = NO_VERDICT  # regression | improvement | no change | environment change | no verdict
+    reason: str = ""
+
+    @property
+    def metric(self) -> str:
+        return self.paired.metric
+
+    def describe(self) -> str:
+        text = f"{self.unit} {self.label} [{self.config_hash}]: {self.verdict}: {self.paired.describe()}"
+        if self.shift is not None:
+            text += f"; {self.shift.describe()}"
+        return text + (f" ({self.reason})" if self.reason else "")
+
+
+def control_verdict(unit: str, config_hash: str, label: str, paired: NightRatio,
+                    shift: Optional[ReferenceShift] = None, *, void: str = "") -> ControlVerdict:
+    """The night's verdict for the build under test: the paired ratio decides a code change; a ratio that holds
+    while the reference itself moved is an environment change (it moved both builds). `void`: why the control
+    cannot be trusted tonight (e.g. the reference was replaced in place): no verdict."""
+    if void:
+        return ControlVerdict(unit, config_hash, label, paired, shift, NO_VERDICT, void)
+    if paired.verdict in (REGRESSION, IMPROVEMENT, NO_VERDICT):
+        return ControlVerdict(unit, config_hash, label, paired, shift, paired.verdict, paired.reason)
+    if shift is not None and shift.moved:
+        return ControlVerdict(unit, config_hash, label, paired, shift, ENV_CHANGE,
+                              f"both builds moved by about {(shift.ratio - 1) * 100:+.1f} %: not the build")
+    return ControlVerdict(unit, config_hash, label, paired, shift, NO_CHANGE)
+
+
+def repetitions_for(cv: float, half_width: float = 0.01, *, alpha: float = 0.01, at_least: int = 3,
+                    at_most: int = 200) -> Optional[int]:
+    """Repetitions per build (pooled over the night's trials of that build) for the paired ratio's (1 - alpha)
+    interval to be at most +-half_width at a within-night spread `cv` (SD of ln(rate)): the smallest n with
+    t(1 - alpha/2, 2n - 2) * cv * sqrt(2 / n) <= ln(1 + half_width). None when `cv` is unknown, or more than
+    `at_most` would be needed."""
+    from jbench.analysis.stats import t_ppf
+
+    if not (isinstance(cv, (int, float)) and math.isfinite(cv) and cv >= 0) or half_width <= 0:
+        return None
+    target = math.log1p(half_width)
+    for n in range(max(2, at_least), at_most + 1):
+        if t_ppf(1 - alpha / 2, 2 * n - 2) * cv * math.sqrt(2 / n) <= target:
+            return n
+    return None
+
+
+def settle_by_control(report: HistoryReport | RegressReport, verdicts: Sequence[ControlVerdict]) -> int:
+    """The report's alarms of unit x configuration x metric the control decided tonight take its verdict (a
+    history series per metric; a two-sweep configuration stands when any of its alarmed rates is a paired
+    regression). Returns how many alarms it settled; the others are left for the re-measuring confirmation."""
+    decided = {(v.unit, v.config_hash, v.metric): v for v in verdicts if v.verdict != NO_VERDICT}
+    settled = 0
+    if isinstance(report, HistoryReport):
+        for r in report.alarms():
+            v = decided.get((r.series.unit, r.series.config_hash, r.series.metric))
+            if v is None or r.confirmed is not None:
+                continue
+            r.confirmed = v.verdict == REGRESSION
+            r.confirmation = f"same-night control: {v.verdict}: {v.paired.describe()}"
+            settled += 1
+        return settled
+    for r in report.alarms():
+        if r.confirmed is not None:
+            continue
+        metrics = [c.metric for c in r.checks if c.verdict == REGRESSION]
+        mine = [decided[k] for k in ((r.device, r.config_hash, m) for m in metrics) if k in decided]
+        if not mine:
+            continue
+        r.confirmed = any(v.verdict == REGRESSION for v in mine)
+        r.confirmation = "same-night control: " + "; ".join(f"{v.verdict}: {v.paired.describe()}" for v in mine)
+        settled += 1
+    return settled

@@ -27,6 +27,16 @@ cannot run (the previous build's directory is gone, the build did not change), t
 stands with the reason.
 
 \b
+Same-night control: on a class with a reference build (farm.reference: a
+backend.binary_dir kept on every unit, or "accepted", the default: the build
+last accepted with --promote-reference) each configuration also runs the
+reference on the same unit, counterbalanced (T R R T); a code change is judged
+on the night's paired ratio test/reference, so a clear drop fails its first
+night, and a drop of both builds is an environment change, not the build's.
+It doubles the covered configurations' device time: farm.control_every=N runs it
+every Nth night, farm.control_only=[{model.quant: Q4_0}] on some configurations.
+
+\b
 A dead unit does not stop the night: the units that answer are measured, each one
 that does not is a JUnit error and a markdown line (exit 4). A unit without a
 measurement on farm.quarantine_after_failures nights in a row (default 3) is
@@ -38,12 +48,14 @@ the farm: `jbench farm unquarantine`.)
 Exit codes (when several apply, the first in this order wins: 2, 1, 4, 3, 0):
   0  clean: every unit x configuration was tested, none regressed, no trial failed
   1  regression on some unit (named in the summary and the JUnit failures); a change
-     found only after it left the newest nights, never reported before, counts too
+     found only after it left the newest nights, never reported before, counts too;
+     so does a paired regression against the same-night reference, on its first night
   2  nothing was run: unknown class, bad config or override, unwritable output path,
      unknown --baseline, no unit of the class reachable (or all quarantined), a
      unit that answers but is not ready (preflight), none leased from the farm
   3  no verdict: some configuration could not be tested (too few nights for the
-     history, first night: no baseline; too few samples)
+     history, first night: no baseline; too few samples) and no same-night control
+     judged it
   4  some trial FAILED, or some unit was not measured (unreachable, quarantined):
      recorded, regressed and reported anyway, never green
   130  interrupted (Ctrl-C, SIGTERM): runs KILLED, devices released
@@ -73,17 +85,20 @@ Example:
               help="Measure each regression found again (previous vs new build, interleaved) before it fails the night.")
 @click.option("--confirm-pairs", type=int, default=6, show_default=True, help="A B pairs of the confirmation.")
 @click.option("--confirm-alpha", type=float, default=0.01, show_default=True,
-              help="Significance level of the confirmation's paired t-test.")
+              help="Significance level of the confirmation's paired t-test and of the same-night control's ratio.")
 @click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
-              help="Smallest relative change (0.01 = 1 %%) a confirmed regression must have.")
+              help="Smallest relative change (0.01 = 1 %%) a confirmed (or same-night control) regression must have.")
+@click.option("--promote-reference", is_flag=True, default=False,
+              help="Accept tonight's build under test as the class's reference build (farm.reference=accepted) from "
+                   "the next night on; recorded on the night's parent run.")
 @click.option("--unquarantine", "unquarantine", multiple=True, metavar="UNIT",
               help="Measure this quarantined unit again tonight (repeatable); a measurement ends its quarantine.")
 @common_options
 @_config_dir_option
 def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode: str, baseline: Optional[str],
             junit_path: Optional[str], md_path: Optional[str], report_dir: Optional[str], confirm: bool,
-            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float, unquarantine: tuple[str, ...],
-            results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
+            confirm_pairs: int, confirm_alpha: float, confirm_threshold: float, promote_reference: bool,
+            unquarantine: tuple[str, ...], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.cli.app import _signals_as_interrupt
     from jbench.analysis.paired import ConfirmSettings
     from jbench.sweeps.nightly import Nightly, NightlyError
@@ -94,7 +109,7 @@ def nightly(device_class: str, overrides: tuple[str, ...], experiment: str, mode
                       report_dir=report_dir, confirm=confirm,
                       confirm_settings=ConfirmSettings(pairs=confirm_pairs, alpha=confirm_alpha,
                                                        min_effect=confirm_threshold),
-                      unquarantine=list(unquarantine))
+                      unquarantine=list(unquarantine), promote_reference=promote_reference)
     except NightlyError as exc:
         raise _fail(str(exc)) from None
     console.print(f"[bold]nightly {escape(device_class)}[/]: {len(job.plan.trials)} trial(s) of "

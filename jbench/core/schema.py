@@ -499,6 +499,17 @@ class FarmConfig:
     # many matching places to lease ("all", or a number).
     select: Dict[str, str] = nonident(default_factory=dict)
     devices: str = nonident("all")
+    # The nightly's same-night control (docs/farm.md, "Same-night control"): the reference build measured beside
+    # the build under test on every unit, A B B A. "accepted": the build last promoted with `jbench nightly CLASS
+    # --promote-reference` (none yet: no control); a path: a backend.binary_dir kept on every unit, never replaced
+    # in place; null: no control.
+    reference: Optional[str] = nonident("accepted")
+    # Run the control every Nth night (1: every night; 0: never): it costs as much device time as the
+    # configurations it covers.
+    control_every: int = nonident(1, metadata=bounded(0, note="0 turns the control off"))
+    # Only the configurations matching one of these rules (keys to a value or a list, as sweep.exclude) get the
+    # control; empty: every configuration.
+    control_only: List[Dict[str, Any]] = nonident(default_factory=list)
 
 
 @dataclass

@@ -63,7 +63,7 @@ class Confirmation:
         return f"{head} ({builds}; sweep {self.sweep_id}): " + "; ".join(c.describe() for c in self.changes)
 
 
-def _with_changes(config: dict, changes: dict[str, Any]) -> dict:
+def with_changes(config: dict, changes: dict[str, Any]) -> dict:
     """A copy of a plain trial config with dotted keys set (the trial's typed view is made from it later)."""
     out = copy.deepcopy(config)
     for dotted, value in changes.items():
@@ -88,7 +88,7 @@ def confirmation_plan(nightly: Plan, target: Target, settings: ConfirmSettings, 
                 changes["backend.repetitions"] = settings.repetitions
             elif base.rounds > 1:  # the nightly split its repetitions over rounds: a pair gets them all
                 changes["backend.repetitions"] = base.cfg.backend.repetitions * base.rounds
-            config = _with_changes(base.config, changes)
+            config = with_changes(base.config, changes)
             trials.append(Trial(index=len(trials) + 1, config=config, choices=dict(base.choices),
                                 point={**base.point, BUILD_KEY: which}, config_hash=base.config_hash,
                                 round=r, rounds=settings.pairs))

@@ -22,6 +22,13 @@ What each night reported is recorded on its parent run (`jbench.nightly.reported
 nights (`reported_in_store`): a change the history finds significant only after it left the newest nights, and
 that no night reported, is reported then, with its first night (jbench.analysis.history.Reported).
 
+The same-night control (jbench.sweeps.control; docs/farm.md): on a class with a reference build (`farm.reference`:
+declared, or the last one accepted with `--promote-reference`) every covered configuration also runs the reference
+build on the same unit, counterbalanced (T R R T), and a code change is judged on that night's paired ratio
+(jbench.analysis.paired): a paired regression fails its first night; an absolute alarm whose paired ratio holds is
+cleared ("environment change" when the reference moved too); configurations the control judged have a verdict
+even before the history has enough nights. Promotions are recorded on the parent run.
+
 Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, no unit reachable), 3 no verdict,
 4 trials failed or a unit not measured. Precedence: 2 (stops before anything runs), then 1, then 4, then 3, then 0.
 """
@@ -35,13 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jbench.analysis.paired import ConfirmSettings
+from jbench.analysis.paired import ConfirmSettings, ControlVerdict, settle_by_control
 from jbench.analysis.history import (DEFAULT_SETTINGS, ChangeKey, HistoryError, HistoryReport, Reported, history,
                                      max_nights, reported_changes)
-from jbench.analysis.regress import (NoData, RegressError,
+from jbench.analysis.regress import (REGRESSION, NoData, RegressError,
                                      RegressReport, regress)
 from jbench.core.results import Category, Status
 from jbench.runner import scheduler as sched
+from jbench.sweeps import control as ctl
 from jbench.sweeps.plan import Plan
 from jbench.core.exitcodes import ExitCode
 from jbench.tracking.common import store_exists, writable_problem
@@ -186,6 +194,9 @@ class NightlyResult:
     report_html: Optional[Path] = None
     notes: list[str] = field(default_factory=list)
     confirmations: list = field(default_factory=list)  # jbench.confirm.Confirmation per alarmed unit x configuration
+    control: Optional[ctl.ControlSetup] = None  # tonight's same-night control (on, or off with why)
+    control_verdicts: list[ControlVerdict] = field(default_factory=list)  # per unit x configuration x rate
+    promoted: Optional[ctl.Reference] = None  # the build accepted as the reference tonight (--promote-reference)
     missing: dict[str, str] = field(default_factory=dict)  # unit -> why it was not measured (unreachable, quarantined)
     quarantined: list[str] = field(default_factory=list)  # units quarantined (skipped, or from this night on)
     unit_failures: dict[str, int] = field(default_factory=dict)  # unit -> nights in a row without a measurement
@@ -204,9 +215,11 @@ class NightlyResult:
 
     @property
     def regressed_units(self) -> list[str]:
+        paired = {v.unit for v in self.control_verdicts if v.verdict == REGRESSION}
         if isinstance(self.regress, HistoryReport):
-            return self.regress.regressed_units
-        return sorted({r.device for r in (self.regress.results if self.regress else []) if r.counts_as_regression})
+            return sorted(set(self.regress.regressed_units) | paired)
+        return sorted({r.device for r in (self.regress.results if self.regress else []) if r.counts_as_regression}
+                      | paired)
 
 
 def _check_output(path: Optional[str | Path], *, directory: bool, option: str) -> None:
@@ -274,7 +287,7 @@ class Nightly:
                  results_dir: Optional[str | Path] = None, junit: Optional[str | Path] = None,
                  markdown: Optional[str | Path] = None, report_dir: Optional[str | Path] = None,
                  confirm: bool = True, confirm_settings: ConfirmSettings = ConfirmSettings(),
-                 unquarantine: Sequence[str] = ()):
+                 unquarantine: Sequence[str] = (), promote_reference: bool = False):
         for path, directory, option in ((junit, False, "--junit"), (markdown, False, "--markdown"),
                                         (report_dir, True, "--report-dir")):
             _check_output(path, directory=directory, option=option)
@@ -300,6 +313,14 @@ class Nightly:
         self.experiment = self.plan.tracking.experiment_name or self.plan.experiment
         _check_baseline(self.uri, self.experiment, baseline)
         self.streaks, self.quarantined = self._quarantine(list(unquarantine))
+        self.promote_reference = promote_reference
+        # The same-night control, decided from the config and the earlier nights before a device is touched.
+        farm = self.plan.pool.farm if self.plan.pool is not None else self.plan.trials[0].cfg.farm
+        try:
+            self.control = ctl.setup(self.plan, device_class, farm, None if self.store.spool else self._parents(self.uri))
+        except ValueError as exc:
+            raise NightlyError(str(exc)) from None
+        self.plan = ctl.control_plan(self.plan, self.control)
 
     @property
     def probes_units(self) -> bool:
@@ -401,6 +422,7 @@ class Nightly:
                                         f"{self.device_class} --unquarantine {u}`")
         t = swept.tracker
         report: Optional[RegressReport] = None
+        history_runs = None
         if t is None or swept.parent_run_id is None:
             result.no_verdict_reason = "no trial ran"
         elif t.spooling is not None:
@@ -409,16 +431,29 @@ class Nightly:
         else:
             report, result.no_verdict_reason, df, history_runs = self._regress(t, swept.experiment, swept.sweep_id)
             result.mode = "history" if isinstance(report, HistoryReport) else "pairwise"
-            if report is not None and report.alarms() and self.confirm:
+            result.control_verdicts = self._judge_control(t, swept, history_runs, say)
+            if report is not None and result.control_verdicts:
+                settle_by_control(report, result.control_verdicts)
+            if report is not None and _unsettled(report) and self.confirm:
                 result.confirmations = self._confirm(report, history_runs, swept.experiment, tracker, say,
                                                      on_trial_start, on_trial_end)
             if df is not None:
                 result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
-        result.exit_code = exit_code(report.exit_code if report else ExitCode.NO_VERDICT, len(result.failed),
-                                     len(result.missing))
+        result.control = self.control
+        code = report.exit_code if report else ExitCode.NO_VERDICT
         if report is not None and report.exit_code == ExitCode.NO_VERDICT:
             result.no_verdict_reason = report.verdict_reason
+        code = _with_control(code, result)
+        result.exit_code = exit_code(code, len(result.failed), len(result.missing))
+        if self.promote_reference and t is not None and swept.parent_run_id and t.spooling is None:
+            result.promoted, why = ctl.tonight_build(history_runs[history_runs["tags.jbench.sweep_id"] == swept.sweep_id]
+                                                     if history_runs is not None and len(history_runs) else None)
+            result.notes.append(f"reference promoted: {result.promoted.describe()}; the next control nights measure "
+                                "it beside the build under test" if result.promoted
+                                else f"reference not promoted: {why}")
+        elif self.promote_reference:
+            result.notes.append("reference not promoted: no trial run was recorded in the store tonight")
         result.markdown = _markdown(result)
         result.junit_xml = _junit(result)
         for path, text in ((self.junit, result.junit_xml), (self.markdown, result.markdown)):
@@ -431,11 +466,15 @@ class Nightly:
     def _regress(self, t: Any, experiment: str,
                  sweep_id: str) -> tuple[Optional[RegressReport | HistoryReport], str, Any, Any]:
         """(this sweep judged over its history or against the baseline, why there is no verdict, this sweep's
-        trial runs, every trial run of the experiment)."""
+        trial runs, every trial run of the experiment). The reference build's runs (the same-night control) are
+        never part of the build under test's series."""
         from jbench.tracking.reader import repetition_samples, runs_frame, with_current_hashes
 
-        df = with_current_hashes(runs_frame(t, [experiment]))
-        mine = df[df["tags.jbench.sweep_id"] == sweep_id] if "tags.jbench.sweep_id" in df.columns else df.iloc[:0]
+        runs = with_current_hashes(runs_frame(t, [experiment]))
+        df = runs
+        if "tags.jbench.config_hash" in runs.columns:
+            df = runs[~runs["tags.jbench.config_hash"].map(ctl.is_reference_hash)]
+        mine = runs[runs["tags.jbench.sweep_id"] == sweep_id] if "tags.jbench.sweep_id" in runs.columns else runs.iloc[:0]
         loader = lambda run_ids, metric: repetition_samples(t, list(run_ids), metric)  # noqa: E731
         mode = self.mode
         if mode == "auto":
@@ -445,13 +484,34 @@ class Nightly:
             if mode == "history":
                 report = history(df, current=[sweep_id], reported=reported_in_store(self._parents(t)))
                 if not report.results:
-                    return None, "no finished trial runs to check", mine if len(mine) else None, df
-                return report, "", mine, df
-            return regress(df, loader, baseline=self.baseline or "last", current=[sweep_id]), "", mine, df
+                    return None, "no finished trial runs to check", mine if len(mine) else None, runs
+                return report, "", mine, runs
+            return regress(df, loader, baseline=self.baseline or "last", current=[sweep_id]), "", mine, runs
         except NoData as exc:
-            return None, str(exc), mine if len(mine) else None, df
+            return None, str(exc), mine if len(mine) else None, runs
         except (RegressError, HistoryError) as exc:  # e.g. a baseline tag that matches none of this sweep's
-            return None, str(exc), mine if len(mine) else None, df
+            return None, str(exc), mine if len(mine) else None, runs
+
+    def _judge_control(self, t: Any, swept: Any, runs: Any, say: Callable[[str], None]) -> list[ControlVerdict]:
+        """The same-night control's verdicts (jbench.sweeps.control.judge), with each run of the night tagged test
+        or reference; a store problem costs the tags, not the verdicts."""
+        if not self.control.on:
+            return []
+        from jbench.tracking.reader import repetition_samples
+
+        verdicts = ctl.judge(swept.outcomes, self.control, sweep_id=swept.sweep_id, runs=runs,
+                             samples=lambda ids, m: repetition_samples(t, list(ids), m),
+                             alpha=self.confirm_settings.alpha, min_effect=self.confirm_settings.min_effect)
+        for v in verdicts:
+            say(f"control: {v.describe()}")
+        try:
+            for o in swept.outcomes:
+                if o.run_id:
+                    role = ctl.REFERENCE if ctl.is_reference_hash(o.trial.config_hash) else ctl.TEST
+                    t.log(o.run_id, tags={ctl.RUN_TAG: role})
+        except Exception as exc:
+            log.error("tagging the control's runs failed: %s", exc)
+        return verdicts
 
     def _confirm(self, report: HistoryReport | RegressReport, runs: Any, experiment: str, tracker: Callable[[], Any],
                  say: Callable[[str], None], on_trial_start: Callable[[Any], None],
@@ -459,7 +519,7 @@ class Nightly:
         """Each alarm measured again (jbench.confirm); a confirmation that breaks leaves its alarm standing."""
         from jbench.sweeps.confirm import confirm
 
-        say(f"{len(report.alarms())} regression(s): confirming them on their units")
+        say(f"{len(_unsettled(report))} regression(s): confirming them on their units")
         try:
             return confirm(report, runs, self.plan, experiment=experiment, tracker_factory=tracker,
                            settings=self.confirm_settings, say=say, on_trial_start=on_trial_start,
@@ -468,7 +528,7 @@ class Nightly:
             raise
         except Exception as exc:  # the alarm is a measured verdict: never lost to the confirmation's failure
             log.error("the confirmation failed: %s", exc)
-            for r in report.alarms():
+            for r in _unsettled(report):
                 r.confirmation = f"not confirmed either way: the confirmation failed: {exc}"
             return []
 
@@ -514,7 +574,7 @@ class Nightly:
                 **encode_changes(reported_changes(result.regress) if result.regress is not None else []),
                 **({TAG_MISSING: "; ".join(f"{u}: {why}" for u, why in sorted(result.missing.items()))[:_CHUNK],
                     "jbench.nightly.missing_units": ",".join(sorted(result.missing))} if result.missing else {}),
-                **_unit_tags(result)})
+                **_unit_tags(result), **_control_tags(result)})
             t.log_texts(result.parent_run_id, {"nightly/regress.md": result.markdown,
                                                "nightly/junit.xml": result.junit_xml})
         except Exception as exc:  # the verdict is in the exit code and the files whatever the store says
@@ -527,6 +587,53 @@ def run_nightly(device_class: str, **kwargs: Any) -> NightlyResult:
     run_keys = ("on_trial_start", "on_trial_end", "say")  # Nightly's own options are the rest (unquarantine, ...)
     hooks = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
     return Nightly(device_class, **kwargs).run(**hooks)
+
+
+def _unsettled(report: HistoryReport | RegressReport) -> list:
+    """The report's alarms nothing has judged yet (the same-night control settles those it measured)."""
+    return [r for r in report.alarms() if r.confirmed is None]
+
+
+def _with_control(code: int, result: NightlyResult) -> int:
+    """Regress's code with the same-night control's verdicts: a paired regression fails the night (its first
+    night included); a night on which the control decided every unit x configuration measured has a verdict even
+    when the history or the two-sweep gate has none yet."""
+    verdicts = result.control_verdicts
+    if any(v.verdict == REGRESSION for v in verdicts):
+        return ExitCode.FAILED
+    if code == ExitCode.NO_VERDICT and verdicts:
+        measured = {(o.device or "", o.trial.config_hash) for o in result.outcomes
+                    if o.status == Status.FINISHED and not ctl.is_reference_hash(o.trial.config_hash)}
+        decided = {(v.unit, v.config_hash) for v in verdicts if v.verdict != "no verdict"}
+        if measured and measured <= decided:
+            result.notes.append(f"{result.no_verdict_reason or 'the absolute series has no verdict yet'}; every "
+                                "unit x configuration was judged against the same-night reference instead")
+            result.no_verdict_reason = ""
+            return ExitCode.OK
+    return code
+
+
+def _control_tags(result: NightlyResult) -> dict[str, str]:
+    c = result.control
+    tags: dict[str, str] = {}
+    if c is not None:
+        tags[ctl.TAG_CONTROL] = c.tag[:_CHUNK]
+        if c.on and c.reference is not None:
+            tags[ctl.TAG_REFERENCE] = c.reference.binary_dir
+            tags[ctl.TAG_REFERENCE_COMMIT] = _reference_commit(result) or c.reference.commit
+            tags[ctl.TAG_VERDICTS] = ctl.verdict_tags(result.control_verdicts) or _NONE
+    if result.promoted is not None:
+        tags[ctl.TAG_PROMOTED] = result.promoted.binary_dir
+        tags[ctl.TAG_PROMOTED_COMMIT] = result.promoted.commit
+    return {k: v for k, v in tags.items() if v}
+
+
+def _reference_commit(result: NightlyResult) -> str:
+    """The commit the reference's runs recorded tonight (one, else "")."""
+    commits = {str(o.record.tags.get("backend.build_commit")) for o in result.outcomes
+               if o.record is not None and ctl.is_reference_hash(o.trial.config_hash)
+               and o.record.tags.get("backend.build_commit")}
+    return commits.pop() if len(commits) == 1 else ""
 
 
 # --- What the nightly writes ----------------------------------------------------------------------------------
@@ -563,6 +670,7 @@ def _markdown(result: NightlyResult) -> str:
     if result.report_html:
         lines += [f"Report: {result.report_html}", ""]
     lines += [f"Note: {n}" for n in result.notes] + ([""] if result.notes else [])
+    lines += _control_markdown(result)
     if result.confirmations:
         lines += ["Confirmation (the previous and the new build measured again, interleaved on the unit; an alarm "
                   "that is not confirmed does not fail the nightly):", ""]
@@ -571,6 +679,22 @@ def _markdown(result: NightlyResult) -> str:
         body = result.regress.to_markdown()
         lines += [body.split("\n", 1)[1].lstrip("\n")]  # its own heading is replaced by the nightly's
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _control_markdown(result: NightlyResult) -> list[str]:
+    c = result.control
+    lines: list[str] = []
+    if c is not None and c.on and c.reference is not None:
+        lines += [f"Same-night control: reference build {c.reference.describe()}, measured beside the build under "
+                  "test on each unit, counterbalanced (T R R T); a code change is judged on the paired ratio "
+                  "test/reference:", ""]
+        lines += [f"- {v.describe()}" for v in result.control_verdicts] or ["- no verdict: no finished pair"]
+        lines.append("")
+    elif c is not None:
+        lines += [f"Same-night control: off ({c.why_off}).", ""]
+    if result.promoted is not None:
+        lines += [f"Reference promoted tonight: {result.promoted.describe()}.", ""]
+    return lines
 
 
 def _junit(result: NightlyResult) -> str:
@@ -584,11 +708,21 @@ def _junit(result: NightlyResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{o.device or 'device'}",
                              name=f"{_label(o)} [{o.trial.config_hash}] trial")
         ET.SubElement(case, "error", message=f"{o.category}: {o.error}"[:500], type=str(o.category)).text = str(o.error)
+    for v in result.control_verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{v.unit}",
+                             name=f"{v.label} [{v.config_hash}] {v.metric} vs reference")
+        if v.verdict == REGRESSION:
+            ET.SubElement(case, "failure", message=v.describe()[:500], type="paired regression").text = v.describe()
+        elif v.verdict == "no verdict":
+            ET.SubElement(case, "skipped", message=v.describe()[:500])
+        ET.SubElement(case, "system-out").text = v.describe() + "\n"
     for unit, why in sorted(result.missing.items()):
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{unit}", name=f"unit {unit} measured")
         kind = "quarantined" if why.startswith("quarantined") else "unreachable"
         ET.SubElement(case, "error", message=why[:500], type=kind).text = why
     suite.set("errors", str(len(result.failed) + len(result.missing)))
+    suite.set("failures", str(len(suite.findall("testcase/failure"))))
+    suite.set("skipped", str(len(suite.findall("testcase/skipped"))))
     suite.set("tests", str(len(suite.findall("testcase"))))
     ET.SubElement(suite, "system-out").text = (f"verdict: {result.verdict} (exit code {result.exit_code})\n"
                                                + (f"{result.no_verdict_reason}\n" if result.no_verdict_reason else ""))
