@@ -15,13 +15,15 @@ from typing import Optional
 from jbench.core.results import Finding
 from jbench.core.schema import ProfileConfig, ProfileSection, typed
 from jbench.analysis.energy import WindowEnergy, above_idle_energy, tokens_per_joule, window_energy
+from jbench.analysis.sensor import EdgeError, edge_error_bound, sensor_period, settled, window_needed
 
 
 @dataclass
 class EnergySettings:
-    min_window_s: float = 5.0
+    min_window_s: Optional[float] = None  # a fixed shortest prefill/decode window; None: only the edge-error bound
     min_samples: int = 5
     min_coverage: float = 0.9
+    max_edge_error: Optional[float] = 0.02  # jbench.analysis.sensor.edge_error_bound's limit; None: not checked
 
 
 @dataclass
@@ -143,15 +145,69 @@ def throttling_findings(samples: list[dict], windows: list[PhaseWindow]) -> list
 
 
 def phase_window_energy(times: list[float], power: list[float], w: PhaseWindow,
-                        settings: EnergySettings) -> WindowEnergy:
-    """`window_energy` over a window, with the rule every power source shares: a prefill/decode window shorter
-    than energy.min_window_s is too short to integrate (sensors update every 50-100 ms or more)."""
+                        settings: EnergySettings, edge: Optional[EdgeError] = None) -> WindowEnergy:
+    """`window_energy` over a window, with the rules every power source shares for a prefill/decode window: its
+    edges' error bound (`edge`, jbench.analysis.sensor) within energy.max_edge_error, and no shorter than a fixed
+    energy.min_window_s where one is set."""
     we = window_energy(times, power, w.start, w.end, min_samples=settings.min_samples,
                        min_coverage=settings.min_coverage)
-    if w.phase in ("prefill", "decode") and we.ok and w.duration < settings.min_window_s:
-        we = WindowEnergy(math.nan, math.nan, we.duration_s, we.n_samples, we.coverage,
-                          f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}")
+    if w.phase not in ("prefill", "decode") or not we.ok:
+        return we
+    reason = ""
+    if settings.min_window_s is not None and w.duration < settings.min_window_s:
+        reason = f"window {w.duration:.2f} s shorter than energy.min_window_s={settings.min_window_s:g}"
+    elif settings.max_edge_error is not None and edge is not None and not edge.bound <= settings.max_edge_error:
+        reason = (f"window {w.duration:.3g} s too short for the sensor: its edges may be off by up to "
+                  f"{100 * edge.bound:.2g} % of its energy (sensor period {1000 * edge.period_s:.3g} ms), over "
+                  f"energy.max_edge_error={100 * settings.max_edge_error:g} %" if edge.ok
+                  else f"no edge-error bound ({edge.status})")
+    if reason:
+        return WindowEnergy(math.nan, math.nan, we.duration_s, we.n_samples, we.coverage, reason)
     return we
+
+
+def window_edge_error(samples: list[dict], w: PhaseWindow, period_s: Optional[float]) -> Optional[EdgeError]:
+    """The edge-error bound of a window over the total-power readings (None without a sensor period)."""
+    if period_s is None:
+        return None
+    times, power = _series(samples, "power_w")
+    return edge_error_bound(times, power, w.start, w.end, period_s)
+
+
+def energy_pass_needed(samples: list[dict], w: PhaseWindow, settings: EnergySettings) -> tuple[Optional[float], str]:
+    """Whether a speed-pass window can give its phase's energy: (None, how) when it can, else (the window length an
+    energy pass needs, why). Sized from the window's own edge-error bound (the steps stay, the energy grows with
+    the length), never under energy.min_window_s where one is set."""
+    times, power = _series(samples, "power_w")
+    period = sensor_period(times, power)
+    if period is None:
+        return None, "no power readings"
+    edge = edge_error_bound(times, power, w.start, w.end, period)
+    n_in = sum(1 for t in times if w.start <= t <= w.end)
+    floor = settings.min_window_s or 0.0
+    target = settings.max_edge_error if settings.max_edge_error is not None else math.inf
+    short = w.duration < floor
+    if n_in >= settings.min_samples and edge.ok and edge.bound <= target and not short:
+        return None, (f"the speed pass's {w.duration:.3g} s window (edge error within {100 * edge.bound:.2g} %, "
+                      f"sensor period {1000 * period:.3g} ms)")
+    bound = edge.bound if edge.ok and n_in >= settings.min_samples else math.nan
+    needed = max(floor, window_needed(w.duration, bound, min(target, 1.0), period, settings.min_samples))
+    why = (f"{n_in} samples in {w.duration:.3g} s" if n_in < settings.min_samples else
+           f"edge error up to {100 * edge.bound:.2g} %" if edge.ok and edge.bound > target else
+           f"{w.duration:.3g} s < energy.min_window_s" if short else edge.status)
+    return needed, why
+
+
+def power_settled(samples: list[dict], t_end: float, span_s: float, tolerance: float) -> bool:
+    """Whether total power stopped moving over the last span_s before t_end (jbench.analysis.sensor.settled)."""
+    times, power = _series(samples, "power_w")
+    return bool(times) and times[0] <= t_end - span_s and settled(times, power, t_end, span_s, tolerance)
+
+
+def power_period(samples: list[dict]) -> Optional[float]:
+    """The total-power sensor's effective period over these samples (jbench.analysis.sensor.sensor_period)."""
+    times, power = _series(samples, "power_w")
+    return sensor_period(times, power)
 
 
 def energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: EnergySettings,
@@ -176,11 +232,18 @@ def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: E
     if not times:
         return metrics, {"energy.status": "not measured: the telemetry has no total-power signal"}
     by_phase: dict[str, WindowEnergy] = {}
+    period = sensor_period(times, power)
+    if period is not None:
+        metrics["power_sensor_period_ms"] = 1000 * period
     for w in windows:
-        we = phase_window_energy(times, power, w, settings)
+        edge = (edge_error_bound(times, power, w.start, w.end, period)
+                if period is not None and w.phase in ("prefill", "decode") else None)
+        we = phase_window_energy(times, power, w, settings, edge)
         by_phase[w.phase] = we
         metrics[f"{w.phase}_window_s"] = w.duration
         metrics[f"{w.phase}_window_samples"] = we.n_samples
+        if edge is not None and edge.ok:
+            metrics[f"{w.phase}_energy_edge_error_pct"] = 100 * edge.bound
         statuses[w.phase] = "ok" if we.ok else we.status
         if not we.ok:
             continue

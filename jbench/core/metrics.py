@@ -222,6 +222,14 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
        "(VDD_CPU_GPU_CV on Xavier NX, Orin NX, Orin Nano, or one rail a profile names for both): reported once, never "
        "as both GPU and CPU energy", MEASURE,
        "energy"),
+    _d("measure_wall_s", "s", "wall time of the Measure stage: idle baseline, speed pass, energy passes and "
+       "cooldown, the device time telemetry costs a trial", MEASURE, "energy_pass", better=LOWER),
+    _d("power_sensor_period_ms", "ms", "the total-power sensor's effective period: the longer of the median sampling "
+       "interval and the median time between changed readings (jbench.analysis.sensor)", MEASURE, "energy"),
+    _d("{phase}_energy_edge_error_pct", "%", "the most the window's two edges can put into `{phase}_energy_j`: (power "
+       "step at each edge, within one sensor period) × sensor period / 2, over the window's energy; over "
+       "energy.max_edge_error the window's energy is withheld", MEASURE, "energy", better=LOWER,
+       requires=("power_sensor_period_ms",)),
     _d("{window}_energy_counter_j", "J", "a hardware energy counter's increase over the window (NVML "
        "nvmlDeviceGetTotalEnergyConsumption), interpolated at the edges", MEASURE, "energy"),
     _d("{window}_energy_deviation_pct", "%", "100 · (integrated − counter) / counter", MEASURE, "energy",

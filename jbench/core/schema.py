@@ -334,12 +334,18 @@ class TelemetryConfig:
     # auto | tegrastats | jtop | nvml | sysfs | none
     source: str = nonident("auto")
     interval_ms: int = nonident(100, metadata=bounded(1))
-    # The sysfs source's hwmon reader (INA3221/INA238) samples at its own, shorter interval (10 ms = 100 Hz).
+    # The fast power readers sample at this shorter interval (10 ms = 100 Hz): the sysfs source's hwmon reader
+    # (INA3221/INA238) and NVML's power and energy counter. It sets the shortest window energy can be taken over.
     hwmon_interval_ms: int = nonident(10, metadata=bounded(1))
-    # Idle baseline sampled before the backend starts, and cooldown after it ends.
+    # Idle baseline sampled before the backend starts, and cooldown after it ends: with `adaptive`, each stops as
+    # soon as the power readings settle (no trend over settle_window_s, within settle_tolerance) and these are the
+    # longest waits; without it, they are fixed waits.
     idle_s: float = nonident(3.0, metadata=bounded(0))
     cooldown_s: float = nonident(2.0, metadata=bounded(0))
-    # Run a phase again, longer, when its speed window is shorter than energy.min_window_s.
+    adaptive: bool = nonident(True)
+    settle_window_s: float = nonident(1.0, metadata=bounded(0.05))
+    settle_tolerance: float = nonident(0.03, metadata=bounded(0.0))
+    # Run a phase again, longer, when its speed window cannot give its energy within energy.max_edge_error.
     energy_pass: bool = nonident(True)
 
 
@@ -368,7 +374,12 @@ class WallPowerConfig:
 
 @dataclass
 class EnergyConfig:
-    min_window_s: float = nonident(5.0)
+    # The largest error a window's two edges may put into its energy (jbench.analysis.sensor.edge_error_bound, from
+    # the sensor's own period and the power steps at the edges): a phase whose speed-pass window cannot meet it gets
+    # an energy pass sized to meet it, and a window over it publishes no energy.
+    max_edge_error: float = nonident(0.02, metadata=bounded(0.0001))
+    # A fixed shortest phase window on top of that (seconds); null: none.
+    min_window_s: Optional[float] = nonident(None)
     min_samples: int = nonident(5)
     min_coverage: float = nonident(0.9)
     # Tokens/J of an energy pass are published only when its tok/s is within this fraction of the speed pass's.

@@ -1,5 +1,10 @@
 """One trial's measurement with telemetry: idle baseline, the backend's speed pass, energy passes
-for phases too short to integrate, cooldown; then energy metrics and findings.
+for phases the sensor cannot resolve in the speed pass, cooldown; then energy metrics and findings.
+
+Lean by design: a phase takes its energy from the speed pass whenever the sensor resolves that window
+within energy.max_edge_error (jbench.analysis.sensor); an energy pass is sized to exactly the window
+the sensor needs and repeated only when a repeat can come out otherwise; with telemetry.adaptive the
+idle baseline and the cooldown end as soon as the power readings settle.
 
 Phase windows and samples are on the device's clock. Without a working sampler the speed pass
 runs alone (no idle wait) and energy.status says why.
@@ -10,12 +15,14 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
 import time
 from typing import Optional
 
 from jbench.analysis.energy import SpeedMatch, speed_match, withhold_per_token_energy
 from jbench.analysis.memory import telemetry_memory
-from jbench.analysis.telemetry import EnergySettings, PhaseWindow, energy_metrics, findings, mlflow_series
+from jbench.analysis.telemetry import (EnergySettings, PhaseWindow, energy_metrics, energy_pass_needed, findings,
+                                       mlflow_series, power_settled)
 from jbench.analysis.wall import board_coverage_metrics, wall_energy_metrics
 from jbench.device.connection import ConnectionLost, DeviceError
 from jbench.device.telemetry.samplers import NoSampler, Sampler
@@ -27,6 +34,11 @@ from jbench.runner.context import TrialContext
 
 # An energy pass never runs more repetitions than this, however short one repetition is.
 MAX_ENERGY_REPETITIONS = 100_000
+# An energy pass is sized this much over the window it needs: repetitions vary and llama-bench's gaps between them
+# are not in the window.
+PASS_MARGIN = 1.1
+# How often an adaptive idle or cooldown wait looks at the readings.
+SETTLE_POLL_S = 0.05
 
 
 def _phase_window(result: BackendResult, phase: str, source: str) -> Optional[PhaseWindow]:
@@ -73,20 +85,18 @@ def measure(ctx: TrialContext) -> None:
         ctx.record.merge(_wall_result(ctx, wall, speed))
         return
     log.info("telemetry: %s at %d ms", sampler.source, tele.interval_ms)
-    energy = EnergySettings(ctx.cfg.energy.min_window_s, ctx.cfg.energy.min_samples, ctx.cfg.energy.min_coverage)
+    energy = _energy_settings(ctx)
     windows: list[PhaseWindow] = []
     artifacts: dict[str, str] = {}
     matches: dict[str, SpeedMatch] = {}  # phase -> how its energy pass's speed compares with the speed pass
+    sources: dict[str, str] = {}  # phase -> where its energy window came from, in words
+    waits: dict[str, str] = {}
+    stage_start = time.monotonic()
     try:
-        if tele.idle_s > 0:
-            # The idle window is the last idle_s seconds before the newest board sample, which lags the clock by a
-            # sampling interval or more on a loaded controller: wait that much longer, so the window starts after
-            # the wall meter's first reading too (else the wall's idle figure is "not fully inside samples").
-            wall_interval = wall.sampler.interval if wall is not None and wall.sampler is not None else 0.0
-            time.sleep(tele.idle_s + 2 * max(tele.interval_ms / 1000, wall_interval))
-            t_end = sampler.latest_time()
-            if t_end is not None:
-                windows.append(PhaseWindow("idle", t_end - tele.idle_s, t_end))
+        wall_interval = wall.sampler.interval if wall is not None and wall.sampler is not None else 0.0
+        idle = _idle_window(ctx, sampler, wall_interval, waits)
+        if idle is not None:
+            windows.append(idle)
         result = ctx.backend_result = backend.run(trial, ctx.conn, log)
         phase_windows = {p: _phase_window(result, p, "speed") for p in ("prefill", "decode")}
         first = min((w.start for w in phase_windows.values() if w), default=None)
@@ -96,8 +106,15 @@ def measure(ctx: TrialContext) -> None:
             pr = result.phases.get(phase)
             if w is None or pr is None:
                 continue
-            if w.duration < energy.min_window_s and tele.energy_pass:
-                w, match = _energy_pass(ctx, phase, pr, w, energy, artifacts)
+            needed, why = _needs_energy_pass(ctx, sampler, w, energy)
+            if needed is None:
+                sources[phase] = why
+            elif not tele.energy_pass:
+                sources[phase] = f"the speed pass's window ({why}; telemetry.energy_pass is off)"
+            elif why == "no power readings":
+                sources[phase] = "no energy pass: the telemetry has no power readings"
+            else:
+                w, match = _energy_pass(ctx, sampler, phase, pr, w, needed, why, energy, artifacts, sources)
                 if match is not None:
                     matches[phase] = match
             windows.append(w)
@@ -105,11 +122,9 @@ def measure(ctx: TrialContext) -> None:
         if last_end is not None:
             # The window must end inside the samples: wait for one sample past its end.
             sampler.wait_past(last_end, timeout_s=2.0 + 3 * tele.interval_ms / 1000)
-        if tele.cooldown_s > 0 and last_end is not None:
-            time.sleep(tele.cooldown_s)
-            t_end = sampler.latest_time()
-            if t_end is not None and t_end > last_end:
-                windows.append(PhaseWindow("cooldown", last_end, t_end))
+            cooldown = _cooldown_window(ctx, sampler, last_end, waits)
+            if cooldown is not None:
+                windows.append(cooldown)
     finally:
         samples = sampler.stop()
         _stop_wall(wall, windows)
@@ -118,6 +133,9 @@ def measure(ctx: TrialContext) -> None:
     metrics.update(mem_metrics)
     tags.update(mem_tags)
     found_speed = _speed_match_record(metrics, tags, matches)
+    metrics["measure_wall_s"] = time.monotonic() - stage_start
+    tags.update({f"energy.{phase}.window": how for phase, how in sources.items()})
+    tags.update(waits)
     tags["telemetry.source"] = sampler.source
     tags["telemetry.samples"] = str(len(samples))
     tags["telemetry.skipped_lines"] = str(sampler.skipped_lines)
@@ -142,41 +160,117 @@ def measure(ctx: TrialContext) -> None:
     ctx.record.merge(wall_result)
 
 
-def _energy_pass(ctx: TrialContext, phase: str, speed: PhaseResult, window: PhaseWindow, energy: EnergySettings,
-                 artifacts: dict[str, str]) -> tuple[PhaseWindow, Optional[SpeedMatch]]:
-    """Run `phase` alone, long enough to integrate, at the speed the speed pass measured.
+def _needs_energy_pass(ctx: TrialContext, sampler: Sampler, w: PhaseWindow,
+                       energy: EnergySettings) -> tuple[Optional[float], str]:
+    """energy_pass_needed over the readings so far, once they reach past the window's end."""
+    sampler.wait_past(w.end, timeout_s=2.0 + 3 * ctx.cfg.telemetry.interval_ms / 1000)
+    return energy_pass_needed(list(sampler.samples), w, energy)
 
-    Returns the window to take energy from and how its tok/s compares with the speed pass (None when
-    no energy pass ran). A pass whose speed is off by more than energy.speed_tolerance is run again
-    (energy.speed_match_retries times); the last one is kept either way and the caller withholds its
-    tokens/J when it still does not match.
+
+def _energy_pass(ctx: TrialContext, sampler: Sampler, phase: str, speed: PhaseResult, speed_window: PhaseWindow,
+                 needed_s: float, why: str,
+                 energy: EnergySettings, artifacts: dict[str, str],
+                 sources: dict[str, str]) -> tuple[PhaseWindow, Optional[SpeedMatch]]:
+    """Run `phase` alone for the window the sensor needs, at the speed the speed pass measured.
+
+    Sized from the speed pass's settled repetition time to `needed_s` (energy_pass_needed), so the pass is as long
+    as the sensor needs and no longer. A pass runs again only when it can come out otherwise: once more (grown)
+    when repetitions sped up and its window still fell short, and up to energy.speed_match_retries times when its
+    speed missed the speed pass's while its own repetitions had not settled; a settled pass at another speed would
+    measure the same again, so its tokens/J are withheld at once.
     """
     cfg, log = ctx.cfg.energy, ctx.log
-    w, pr, match = window, speed, None
-    attempts = retries = 0
-    # Repetitions can get faster once caches are warm: grow the pass until the window is long enough.
-    while attempts < 3 + retries:
-        if w.duration >= energy.min_window_s and (match is None or match.ok):
-            break
-        if w.duration >= energy.min_window_s:  # long enough but at another speed: the one rerun allowed
-            if retries >= cfg.speed_match_retries:
-                break
-            retries += 1
-            log.info("energy pass: %s %s; running it again", phase, match.reason)
-        attempts += 1
-        rep_s = max(1e-6, w.duration / max(1, len(pr.samples_ns)))
-        reps = min(MAX_ENERGY_REPETITIONS, max(1, math.ceil(energy.min_window_s * 1.25 / rep_s)))
-        if match is None or match.ok:
-            log.info("energy pass: %s window %.2f s < %.1f s; running %d repetitions", phase, w.duration,
-                     energy.min_window_s, reps)
+    w: Optional[PhaseWindow] = None
+    pr, match = speed, None
+    grown = retries = 0
+    while True:
+        settled_ns = pr.samples_ns or speed.samples_ns
+        rep_s = max(1e-6, statistics.median(settled_ns) / 1e9)
+        reps = min(MAX_ENERGY_REPETITIONS, max(1, math.ceil(needed_s * PASS_MARGIN / rep_s)))
+        log.info("energy pass: %s (%s): %d repetitions for a %.3g s window", phase, why, reps, needed_s)
         extra = ctx.backend.run(ctx.trial, ctx.conn, log, only_phase=phase, repetitions=reps)
         artifacts[f"raw/energy-pass-{phase}.txt"] = extra.raw_output
         pr = extra.phases.get(phase, pr)
-        w = _phase_window(extra, phase, "energy") or w
-        if w.source == "energy":
-            match = speed_match(speed.tokens_in_window, sum(speed.samples_ns) / 1e9, w.tokens, w.duration,
-                                cfg.speed_tolerance)
+        got = _phase_window(extra, phase, "energy")
+        if got is None:
+            break
+        w = got
+        match = speed_match(speed.tokens_in_window, sum(speed.samples_ns) / 1e9, w.tokens, w.duration,
+                            cfg.speed_tolerance)
+        sources[phase] = f"an energy pass of {reps} repetitions ({why} in the speed pass)"
+        if not match.ok:
+            if pr.settled is not False or retries >= cfg.speed_match_retries:
+                break  # settled at another speed (or unknown after the retries): another pass measures the same
+            retries += 1
+            log.info("energy pass: %s %s, its repetitions still settling; running it again", phase, match.reason)
+            continue
+        again, why_again = _needs_energy_pass(ctx, sampler, w, energy)
+        if again is None or grown >= 1 or reps >= MAX_ENERGY_REPETITIONS:
+            break
+        grown += 1
+        needed_s, why = again, why_again
+    if w is None:  # the pass printed no window: the speed pass's stands (energy_metrics says why it gives none)
+        return speed_window, None
     return w, match
+
+
+def _idle_window(ctx: TrialContext, sampler: Sampler, wall_interval: float,
+                 waits: dict[str, str]) -> Optional[PhaseWindow]:
+    """The idle baseline before the run. The window is the last part before the newest board sample, which lags
+    the clock by a sampling interval or more on a loaded controller: the wait is that much longer, so the window
+    starts after the wall meter's first reading too. Adaptive: it ends once power has settled over
+    telemetry.settle_window_s (at most telemetry.idle_s)."""
+    tele = ctx.cfg.telemetry
+    if tele.idle_s <= 0:
+        return None
+    lag = 2 * max(tele.interval_ms / 1000, wall_interval)
+    if not tele.adaptive:
+        time.sleep(tele.idle_s + lag)
+        t_end = sampler.latest_time()
+        return PhaseWindow("idle", t_end - tele.idle_s, t_end) if t_end is not None else None
+    span = min(tele.idle_s, tele.settle_window_s)
+    start = time.monotonic()
+    time.sleep(span + lag)
+    while True:
+        t_end = sampler.latest_time()
+        waited = time.monotonic() - start
+        if t_end is not None and power_settled(list(sampler.samples), t_end, span, tele.settle_tolerance):
+            waits["telemetry.idle_wait"] = f"settled after {waited:.2f} s (a {span:g} s window)"
+            return PhaseWindow("idle", t_end - span, t_end)
+        if waited >= tele.idle_s + lag:
+            waits["telemetry.idle_wait"] = (f"not settled within telemetry.idle_s={tele.idle_s:g} s: the window is "
+                                            f"the last {tele.idle_s:g} s")
+            return PhaseWindow("idle", t_end - tele.idle_s, t_end) if t_end is not None else None
+        time.sleep(SETTLE_POLL_S)
+
+
+def _cooldown_window(ctx: TrialContext, sampler: Sampler, last_end: float,
+                     waits: dict[str, str]) -> Optional[PhaseWindow]:
+    """After the last phase: telemetry.cooldown_s, or (adaptive) until power has settled over
+    telemetry.settle_window_s after the run, at most cooldown_s."""
+    tele = ctx.cfg.telemetry
+    if tele.cooldown_s <= 0:
+        return None
+    if not tele.adaptive:
+        time.sleep(tele.cooldown_s)
+        t_end = sampler.latest_time()
+    else:
+        span = min(tele.cooldown_s, tele.settle_window_s)
+        start = time.monotonic()
+        while True:
+            t_end = sampler.latest_time()
+            waited = time.monotonic() - start
+            if (t_end is not None and t_end - last_end >= span
+                    and power_settled(list(sampler.samples), t_end, span, tele.settle_tolerance)):
+                waits["telemetry.cooldown_wait"] = f"settled after {waited:.2f} s"
+                break
+            if waited >= tele.cooldown_s:
+                waits["telemetry.cooldown_wait"] = f"not settled within telemetry.cooldown_s={tele.cooldown_s:g} s"
+                break
+            time.sleep(SETTLE_POLL_S)
+    if t_end is None or t_end <= last_end:
+        return None
+    return PhaseWindow("cooldown", last_end, t_end)
 
 
 def _speed_match_record(metrics: dict[str, float], tags: dict[str, str],
@@ -228,7 +322,8 @@ class _Wall:
 
 
 def _energy_settings(ctx: TrialContext) -> EnergySettings:
-    return EnergySettings(ctx.cfg.energy.min_window_s, ctx.cfg.energy.min_samples, ctx.cfg.energy.min_coverage)
+    e = ctx.cfg.energy
+    return EnergySettings(e.min_window_s, e.min_samples, e.min_coverage, e.max_edge_error)
 
 
 def _start_wall(ctx: TrialContext) -> Optional[_Wall]:

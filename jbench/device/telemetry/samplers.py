@@ -276,9 +276,12 @@ class NvmlSampler(Sampler):
 
     source = "nvml"
 
-    def __init__(self, interval_ms: int = 50, gpu_index: int = 0):
+    def __init__(self, interval_ms: int = 50, gpu_index: int = 0, power_interval_ms: Optional[int] = None):
         super().__init__()
         self.interval = interval_ms / 1000.0
+        # Power and the energy counter are cheap reads that size the shortest window energy can be taken over
+        # (jbench.analysis.sensor), so they are read this often; clocks, load, temperature and memory every interval.
+        self.power_interval = min(self.interval, (power_interval_ms or interval_ms) / 1000.0)
         self.gpu_index = gpu_index
         self.power_field: Optional[str] = None
 
@@ -315,15 +318,23 @@ class NvmlSampler(Sampler):
                 return float(v.value.uiVal) / 1000.0
 
             self.power_field = "power_instant" if power_instant() is not None else "power_usage_average"
+            next_full = 0.0
             while not self._stop.is_set():
                 t = time.time()
                 sample: dict = {"t": t}
                 try:
-                    avg = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
                     inst = power_instant()
+                    if inst is not None:
+                        sample["power_w"] = inst
+                    sample["energy_j"] = pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+                    if t < next_full and inst is not None:
+                        self.samples.append(sample)
+                        self._stop.wait(max(0.0, self.power_interval - (time.time() - t)))
+                        continue
+                    next_full = t + self.interval - self.power_interval / 2
+                    avg = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
                     sample["power_w"] = inst if inst is not None else avg
                     sample["power_avg_w"] = avg
-                    sample["energy_j"] = pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
                     sample["gpu_freq_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
                     sample["mem_freq_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
                     util = pynvml.nvmlDeviceGetUtilizationRates(h)
@@ -334,7 +345,7 @@ class NvmlSampler(Sampler):
                     self.problem = f"NVML read failed: {exc}"
                     return
                 self.samples.append(sample)
-                self._stop.wait(max(0.0, self.interval - (time.time() - t)))
+                self._stop.wait(max(0.0, self.power_interval - (time.time() - t)))
         finally:
             pynvml.nvmlShutdown()
 

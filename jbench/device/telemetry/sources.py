@@ -47,11 +47,13 @@ def jtop(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig
     return sampler
 
 
-def nvml(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int) -> Sampler:
+def nvml(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int, *,
+         hwmon_interval_ms: Optional[int] = None) -> Sampler:
+    """NVML on the controller; power and the energy counter every hwmon_interval_ms (the fast power interval)."""
     if not conn.is_local:
         return NoSampler("telemetry.source=nvml samples the controller's own GPUs: use it with device=local")
     reason = NvmlSampler.available()
-    return NoSampler(reason) if reason else NvmlSampler(interval_ms)
+    return NoSampler(reason) if reason else NvmlSampler(interval_ms, power_interval_ms=hwmon_interval_ms)
 
 
 def auto(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig], interval_ms: int, *,
@@ -60,7 +62,7 @@ def auto(conn: Connection, device: DeviceConfig, profile: Optional[ProfileConfig
     if conn.is_local and not profile:
         reason = NvmlSampler.available()
         if reason is None:
-            return NvmlSampler(interval_ms)
+            return NvmlSampler(interval_ms, power_interval_ms=hwmon_interval_ms)
         return NoSampler(f"no power sensor on this machine: {reason}; no Jetson profile (device.profile)")
     probe = conn.run(["sh", "-c", "command -v tegrastats; command -v python3"], timeout=30)
     if "tegrastats" in probe.stdout:

@@ -1,0 +1,108 @@
+"""What a power sensor resolves (jbench.analysis.sensor) and the energy-pass decision built on it
+(jbench.analysis.telemetry.energy_pass_needed, phase_window_energy)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jbench.analysis.sensor import edge_error_bound, sensor_period, settled, window_needed
+from jbench.analysis.telemetry import EnergySettings, PhaseWindow, energy_metrics, energy_pass_needed
+
+
+def _square(period: float, t_on: float, t_off: float, *, idle: float = 60.0, busy: float = 200.0,
+            t_end: float = 10.0, hold: int = 1) -> list[dict]:
+    """Readings every `period` s of a draw that steps from idle to busy at t_on and back at t_off; a sensor that
+    updates every `hold` readings repeats its value in between."""
+    samples, value = [], idle
+    n = int(round(t_end / period))
+    for i in range(n + 1):
+        t = i * period
+        if i % hold == 0:  # a new reading: the draw, with a little noise
+            value = (busy if t_on <= t < t_off else idle) + (i // hold % 3) * 0.01
+        samples.append({"t": 1000.0 + t, "power_w": value})
+    return samples
+
+
+def test_sensor_period_is_the_sampling_interval_or_the_update_period_whichever_is_longer():
+    fast = _square(0.01, 2.0, 4.0)
+    t = [s["t"] for s in fast]
+    p = [s["power_w"] for s in fast]
+    assert sensor_period(t, p) == pytest.approx(0.01, rel=0.01)
+    held = _square(0.01, 2.0, 4.0, hold=10)  # read every 10 ms, updates every 100 ms
+    assert sensor_period([s["t"] for s in held], [s["power_w"] for s in held]) == pytest.approx(0.1, rel=0.01)
+    assert sensor_period([1.0], [5.0]) is None
+
+
+def test_edge_error_bound_shrinks_with_the_window_and_grows_with_the_period():
+    fast = _square(0.01, 2.0, 2.5)
+    slow = _square(0.1, 2.0, 2.5)
+    long = _square(0.01, 2.0, 7.0)
+
+    def bound(samples, t0, t1, period):
+        return edge_error_bound([s["t"] for s in samples], [s["power_w"] for s in samples], 1000 + t0, 1000 + t1,
+                                period).bound
+
+    b_fast = bound(fast, 2.0, 2.5, 0.01)
+    # Two full steps of 140 W at 200 W over 0.5 s: (280 * 0.01 / 2) / (200 * 0.5) = 1.4 %
+    assert b_fast == pytest.approx(0.014, rel=0.05)
+    assert bound(slow, 2.0, 2.5, 0.1) == pytest.approx(10 * b_fast, rel=0.2)
+    assert bound(long, 2.0, 7.0, 0.01) == pytest.approx(b_fast / 10, rel=0.1)
+
+
+def test_a_window_inside_a_steady_draw_has_no_edge_error_but_its_edges_steps_count():
+    flat = _square(0.01, 0.0, 100.0)
+    e = edge_error_bound([s["t"] for s in flat], [s["power_w"] for s in flat], 1003.0, 1004.0, 0.01)
+    assert e.ok and e.bound < 1e-4
+    assert not edge_error_bound([], [], 0.0, 1.0, 0.01).ok
+
+
+def test_window_needed_scales_the_measured_window_to_the_target_with_a_floor():
+    assert window_needed(0.5, 0.014, 0.02, 0.01, 5) == pytest.approx(0.35)
+    assert window_needed(0.5, 0.001, 0.02, 0.01, 5) == pytest.approx(0.05)  # min_samples periods
+    # No bound measured: the worst case, steps as large as the draw (period / target).
+    assert window_needed(0.03, math.nan, 0.02, 0.1, 5) == pytest.approx(5.0)
+
+
+def test_settled_needs_both_halves_and_no_trend():
+    t = [i * 0.01 for i in range(200)]
+    flat = [60.0 + (i % 2) * 0.2 for i in range(200)]
+    falling = [80.0 - 0.1 * i for i in range(200)]
+    assert settled(t, flat, 1.99, 1.0, 0.03)
+    assert not settled(t, falling, 1.99, 1.0, 0.03)
+    assert not settled(t[:4], flat[:4], 0.03, 1.0, 0.03)  # too few readings
+
+
+def test_a_fast_sensor_takes_energy_from_the_speed_pass_and_a_slow_one_asks_for_a_sized_pass():
+    settings = EnergySettings()
+    w = PhaseWindow("decode", 1002.0, 1003.0, tokens=300)
+    fast = _square(0.01, 2.0, 3.0)
+    needed, how = energy_pass_needed(fast, w, settings)
+    assert needed is None and "speed pass" in how
+    slow = _square(0.1, 2.0, 3.0)
+    needed, why = energy_pass_needed(slow, w, settings)
+    # 1 s with a 100 ms period: edges up to (2 * 140 * 0.1 / 2) / 200 = 7 %, so 3.5 s meets 2 %.
+    assert needed == pytest.approx(3.5, rel=0.1) and "edge error" in why
+    assert energy_pass_needed([{"t": 1000.0 + i, "temp_c": 40.0} for i in range(10)], w, settings) == (
+        None, "no power readings")
+
+
+def test_a_fixed_min_window_still_applies_on_top_of_the_bound():
+    w = PhaseWindow("decode", 1002.0, 1003.0, tokens=300)
+    needed, why = energy_pass_needed(_square(0.01, 2.0, 3.0), w, EnergySettings(min_window_s=5.0))
+    assert needed == pytest.approx(5.0) and "min_window_s" in why
+
+
+def test_energy_metrics_withhold_a_window_whose_edges_exceed_the_bound_and_publish_it():
+    samples = _square(0.1, 2.0, 3.0)
+    windows = [PhaseWindow("idle", 1000.5, 1001.5), PhaseWindow("decode", 1002.0, 1003.0, tokens=300)]
+    metrics, tags = energy_metrics(samples, windows, EnergySettings())
+    assert metrics["decode_energy_edge_error_pct"] == pytest.approx(7.0, rel=0.1)
+    assert "decode_energy_j" not in metrics and "decode_tokens_per_joule" not in metrics
+    assert "max_edge_error=2 %" in tags["energy.decode.status"]
+    assert metrics["power_sensor_period_ms"] == pytest.approx(100, rel=0.01)
+    fine, fine_tags = energy_metrics(_square(0.01, 2.0, 3.0), windows, EnergySettings())
+    assert fine_tags["energy.decode.status"] == "ok"
+    assert fine["decode_energy_j"] == pytest.approx(200.0, rel=0.02)
+    assert fine["decode_energy_edge_error_pct"] < 2
