@@ -106,3 +106,39 @@ def test_energy_metrics_withhold_a_window_whose_edges_exceed_the_bound_and_publi
     assert fine_tags["energy.decode.status"] == "ok"
     assert fine["decode_energy_j"] == pytest.approx(200.0, rel=0.02)
     assert fine["decode_energy_edge_error_pct"] < 2
+
+
+def test_the_nvml_sampler_reads_power_and_the_counter_fast_and_the_rest_every_interval(monkeypatch):
+    import sys
+    import time
+    import types
+
+    from jbench.device.telemetry.samplers import NvmlSampler
+
+    energy = {"mj": 0}
+
+    def counter(_h):
+        energy["mj"] += 700  # 70 W for 10 ms
+        return energy["mj"]
+
+    field = types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=70_000))
+    fake = types.SimpleNamespace(
+        NVML_FI_DEV_POWER_INSTANT=186, NVML_SUCCESS=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0,
+        NVMLError=RuntimeError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu0", nvmlDeviceGetFieldValues=lambda h, ids: [field],
+        nvmlDeviceGetPowerUsage=lambda h: 69_000, nvmlDeviceGetTotalEnergyConsumption=counter,
+        nvmlDeviceGetClockInfo=lambda h, c: 1980, nvmlDeviceGetTemperature=lambda h, s: 40,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=0, memory=0),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1048576 * 500),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = NvmlSampler(interval_ms=100, power_interval_ms=10).start()
+    assert sampler.wait_for_samples(40, timeout_s=10)
+    samples = sampler.stop()
+    assert all(s["power_w"] == 70.0 and "energy_j" in s for s in samples)
+    full = [s for s in samples if "gpu_freq_mhz" in s]
+    # Every reading has power and the counter; about one in ten the clocks, load, temperature and memory too.
+    assert 1 <= len(full) < len(samples) / 3
+    assert full[0]["power_avg_w"] == 69.0 and full[0]["gpu_mem_used_mb"] == 500
+    assert sampler.power_field == "power_instant"
+    assert time.time() >= samples[-1]["t"]
