@@ -142,3 +142,14 @@ def test_the_nvml_sampler_reads_power_and_the_counter_fast_and_the_rest_every_in
     assert full[0]["power_avg_w"] == 69.0 and full[0]["gpu_mem_used_mb"] == 500
     assert sampler.power_field == "power_instant"
     assert time.time() >= samples[-1]["t"]
+
+
+def test_a_window_shorter_than_a_period_sizes_its_pass_from_its_edges_not_the_worst_case():
+    # Prefill of 12 ms inside a 100-ms sensor's readings: one step of 140 W up (idle to busy) near its start, and
+    # the draw stays busy after it (decode follows), so only one edge steps.
+    samples = _square(0.1, 2.0, 6.0)
+    w = PhaseWindow("prefill", 1002.005, 1002.017, tokens=128)
+    needed, why = energy_pass_needed(samples, w, EnergySettings())
+    worst = 0.1 / 0.02  # steps as large as the draw at both edges
+    assert needed is not None and 0.5 <= needed < worst
+    assert "samples in" in why

@@ -23,6 +23,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from jbench.analysis.energy import integrate_trapezoid
+
 __all__ = ["sensor_period", "EdgeError", "edge_error_bound", "window_needed", "settled"]
 
 # Fewer changed readings than this and the update period is not measured (the sampling interval stands in).
@@ -74,12 +76,13 @@ def edge_error_bound(times_s: Sequence[float], power_w: Sequence[float], t0: flo
     (step at t0 + step at t1) * period / 2 / (mean power * window length)."""
     if not (t1 > t0) or len(times_s) < 2 or not period_s > 0:
         return EdgeError(math.nan, period_s, math.nan, "no samples around the window")
-    inside = [p for t, p in zip(times_s, power_w) if t0 <= t <= t1]
-    if not inside:
-        return EdgeError(math.nan, period_s, math.nan, "no sample inside the window")
-    mean = statistics.fmean(inside)
+    if t0 < times_s[0] or t1 > times_s[-1]:
+        return EdgeError(math.nan, period_s, math.nan, "the window is not inside the samples")
+    # The window's mean draw from the interpolated series: defined even for a window shorter than one period,
+    # which is what sizes its energy pass.
+    mean = integrate_trapezoid(times_s, power_w, t0, t1) / (t1 - t0)
     if not mean > 0:
-        return EdgeError(math.nan, period_s, math.nan, "no positive power inside the window")
+        return EdgeError(math.nan, period_s, math.nan, "no positive power over the window")
     step = _step_at(times_s, power_w, t0, period_s) + _step_at(times_s, power_w, t1, period_s)
     return EdgeError(step * period_s / 2 / (mean * (t1 - t0)), period_s, step)
 

@@ -190,10 +190,10 @@ def energy_pass_needed(samples: list[dict], w: PhaseWindow, settings: EnergySett
     if n_in >= settings.min_samples and edge.ok and edge.bound <= target and not short:
         return None, (f"the speed pass's {w.duration:.3g} s window (edge error within {100 * edge.bound:.2g} %, "
                       f"sensor period {1000 * period:.3g} ms)")
-    bound = edge.bound if edge.ok and n_in >= settings.min_samples else math.nan
+    bound = edge.bound if edge.ok else math.nan
     needed = max(floor, window_needed(w.duration, bound, min(target, 1.0), period, settings.min_samples))
     why = (f"{n_in} samples in {w.duration:.3g} s" if n_in < settings.min_samples else
-           f"edge error up to {100 * edge.bound:.2g} %" if edge.ok and edge.bound > target else
+           f"edge error up to {100 * edge.bound:.3g} %" if edge.ok and edge.bound > target else
            f"{w.duration:.3g} s < energy.min_window_s" if short else edge.status)
     return needed, why
 
