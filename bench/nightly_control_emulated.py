@@ -89,7 +89,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _num(x: float) -> Any:
-    return round(x, 6) if isinstance(x, float) and math.isfinite(x) else None
+    return float(f"{x:.6g}") if isinstance(x, float) and math.isfinite(x) else None  # p-values stay, however small
 
 
 def _verdicts(result: Any) -> list[dict]:

@@ -371,6 +371,15 @@ def test_a_paired_regression_fails_a_night_without_a_baseline():
     slow = ctl.judge(outcomes, setup, sweep_id="s1")
     result = NightlyResult("cpu", "n", "s1", None, "", outcomes, 3, control_verdicts=slow)
     assert _with_control(ExitCode.NO_VERDICT, result) == ExitCode.FAILED and result.regressed_units == ["u1"]
+    # The night's repetitions per build, and why, are in the markdown and on the parent run.
+    from jbench.analysis.paired import NoiseBudget
+    from jbench.sweeps.nightly import _control_tags, _markdown
+
+    result.exit_code, result.control = ExitCode.FAILED, setup
+    result.budgets = {"h1": NoiseBudget(14, True, "within-night spread 0.90 % ..."),
+                      "h2": NoiseBudget(4, False, "configured: no earlier night")}
+    assert "- Q4_0 [h1]: 14 repetitions per build (within-night spread 0.90 % ...)" in _markdown(result)
+    assert _control_tags(result)[ctl.TAG_REPETITIONS] == "h1=14; h2=4 (configured)"
 
 
 # --- `jbench nightly` with the control on real llama.cpp runs ------------------------------------------------------

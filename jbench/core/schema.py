@@ -514,8 +514,8 @@ class FarmConfig:
     # earlier nights' within-night spread so that the paired ratio's (1 - alpha) interval (alpha: the nightly's
     # --confirm-alpha) is at most +- this many percent, within [min_repetitions, max_repetitions]; null: the
     # configured backend.repetitions. Without a usable history the configured count runs (the reason is recorded).
-    target_interval_pct: Optional[float] = nonident(1.0, metadata=bounded(above=0, note="null keeps "
-                                                                                     "backend.repetitions as configured"))
+    target_interval_pct: Optional[float] = nonident(
+        1.0, metadata=bounded(above=0, note="null keeps backend.repetitions as configured"))
     min_repetitions: int = nonident(3, metadata=bounded(2))
     max_repetitions: int = nonident(30, metadata=bounded(2))
 

@@ -738,7 +738,8 @@ def _control_markdown(result: NightlyResult) -> list[str]:
                   "test/reference:", ""]
         lines += [f"- {v.describe()}" for v in result.control_verdicts] or ["- no verdict: no finished pair"]
         lines.append("")
-        labels = {o.trial.config_hash: short_label(o.trial.point) or o.trial.config_hash for o in result.outcomes}
+        labels = {o.trial.config_hash: short_label(o.trial.point) or f"{o.trial.cfg.model.name} "
+                  f"{o.trial.cfg.model.quant}" for o in result.outcomes}
         lines += ["Repetitions per build (the noise budget, farm.target_interval_pct):", ""]
         lines += [f"- {labels.get(h, h)} [{h}]: {b.describe()}" for h, b in sorted(result.budgets.items())] + [""]
     elif c is not None:
