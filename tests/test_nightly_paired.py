@@ -435,6 +435,7 @@ def test_the_nightly_plans_the_control_before_any_device_and_refuses_a_reference
     assert not (results / "mlflow.db").exists()  # nothing was recorded, no device touched
 
 
+@pytest.mark.slow  # three plans and a SQLite MLflow store: several seconds
 def test_the_nightly_sizes_each_configuration_from_its_earlier_nights_in_the_store(tmp_path):
     from mlflow.entities import Metric
 
