@@ -112,6 +112,39 @@ def test_repetitions_from_a_noise_budget():
     assert sorted(widths)[25] <= 0.0125
 
 
+def test_the_noise_budget_grows_with_the_spread_is_bounded_and_falls_back_with_a_reason():
+    from jbench.analysis.paired import Spread, noise_budget, within_night_spread
+
+    rng = random.Random(8)
+
+    def nights(cv: float, shifts=(1.0, 0.9, 1.1)) -> dict:
+        # Each night's own level (and a 5 % faster reference) must not count: only the spread within a build.
+        return {f"s{i}": [[60 * f * math.exp(rng.gauss(0, cv)) for _ in range(8)],
+                          [63 * f * math.exp(rng.gauss(0, cv)) for _ in range(8)]] for i, f in enumerate(shifts)}
+
+    quiet, noisy = within_night_spread(nights(0.004), what="decode_tps on u1"), within_night_spread(nights(0.012))
+    assert quiet.nights == 3 and quiet.dof == 3 * 2 * 7 and quiet.sd == pytest.approx(0.004, rel=0.3)
+    assert noisy.sd == pytest.approx(0.012, rel=0.3)
+    small, large = (noise_budget([x], configured=10, half_width=0.01) for x in (quiet, noisy))
+    assert small.chosen and large.chosen and 3 <= small.repetitions < large.repetitions <= 30
+    assert large.half_width <= 0.01 and "decode_tps on u1" in small.reason and "99 %" in small.reason
+    # The noisiest unit x rate decides: every one must reach the target.
+    assert noise_budget([quiet, noisy], configured=10, half_width=0.01).repetitions == large.repetitions
+    # Bounded: no spread at all is the floor; a spread no count within the bound resolves is the cap, with what
+    # the cap reaches instead.
+    floor = noise_budget([Spread("x", 0.0, 20, 2)], configured=10, half_width=0.01)
+    assert floor.repetitions == 3 and "floor" in floor.reason
+    capped = noise_budget([Spread("x", 0.05, 20, 2)], configured=10, half_width=0.01, at_most=30)
+    assert capped.repetitions == 30 and "capped at 30" in capped.reason and capped.half_width > 0.01
+    assert noise_budget([Spread("x", 0.0, 20, 2)], configured=10, half_width=0.01, at_least=5).repetitions == 5
+    # No history, too little of it, or no target: the configured count, with the reason.
+    for spreads, half, why in (([], 0.01, "no earlier night"), ([Spread("x", 0.01, 2, 1)], 0.01, "2 degree(s)"),
+                               ([noisy], None, "target_interval_pct=null")):
+        b = noise_budget(spreads, configured=10, half_width=half)
+        assert (b.repetitions, b.chosen) == (10, False) and why in b.reason and b.reason.startswith("configured")
+    assert within_night_spread({"s1": [[60.0], [61.0]]}).dof == 0  # one repetition a build: no spread
+
+
 # --- the control settles the absolute report's alarms (pure) ------------------------------------------------------
 
 T0 = pd.Timestamp("2026-10-01T02:00:00Z")
@@ -213,6 +246,73 @@ def test_the_reference_is_the_last_accepted_build_and_the_control_runs_every_nth
         ctl.setup(Plan(trials=engine), "cpu", FarmConfig(reference="/b/ref"), None)
 
 
+def _store(spreads: dict[str, float], nights: int = 2, reps: int = 5) -> tuple[pd.DataFrame, dict]:
+    """Earlier nights' trial runs of configurations (hash -> within-night CV), both builds, and their series."""
+    rng = random.Random(12)
+    rows, series = [], {}
+    for night in range(nights):
+        for h, cv in spreads.items():
+            for role_hash in (h, ctl.reference_hash(h)):
+                run_id = f"{role_hash}-{night}"
+                rows.append({"run_id": run_id, "status": "FINISHED", "start_time": T0 + pd.Timedelta(days=night),
+                             "tags.jbench.sweep_id": f"s{night}", "tags.jbench.config_hash": role_hash,
+                             "tags.device.unit": "u1"})
+                series[run_id] = [60 * (1 + night / 10) * math.exp(rng.gauss(0, cv)) for _ in range(reps)]
+    return pd.DataFrame(rows), series
+
+
+def test_the_plan_carries_the_noise_budget_per_configuration():
+    plan = Plan(trials=_trials(2), rounds=2, sweep=SweepConfig(rounds=2))
+    runs, series = _store({"h1": 0.002, "h2": 0.015})
+    asked = []
+
+    def samples(ids, metric):
+        asked.append(metric)
+        return {i: series[i] for i in ids if i in series} if metric == "decode_tps_rep" else {}
+
+    farm = FarmConfig(reference="/b/ref")
+    setup = ctl.setup(plan, "cpu", farm, None)
+    chosen = ctl.budgets(plan, setup, farm, runs, samples)
+    quiet, noisy = chosen["h1"], chosen["h2"]
+    assert quiet.chosen and noisy.chosen and quiet.repetitions < noisy.repetitions <= 30
+    assert set(asked) == {"decode_tps_rep", "prefill_tps_rep"} and "decode_tps on u1" in noisy.reason
+    p = ctl.control_plan(ctl.with_repetitions(plan, chosen), setup)
+    per_trial = {(t.config_hash, t.round): t.cfg.backend.repetitions for t in p.trials}
+    assert per_trial[("h2", 1)] == per_trial[("h2-reference", 2)] == math.ceil(noisy.repetitions / 2)
+    assert {t.config["backend"]["repetitions"] for t in p.trials if t.config_hash.startswith("h1")} == \
+        {math.ceil(quiet.repetitions / 2)}
+    assert {t.config_hash for t in p.trials} == {"h1", "h2", "h1-reference", "h2-reference"}  # the series go on
+    assert ctl.budget_tags(chosen) == f"h1={quiet.repetitions}; h2={noisy.repetitions}"
+    # No earlier night: the configured 4 (2 rounds of 2), unchanged plan, the reason stated.
+    fresh = ctl.budgets(plan, setup, farm, None, samples)
+    assert {(b.repetitions, b.chosen) for b in fresh.values()} == {(4, False)}
+    assert "no earlier night" in fresh["h1"].reason and ctl.with_repetitions(plan, fresh).trials == plan.trials
+    assert "(configured)" in ctl.budget_tags(fresh)
+    # Only control nights' covered configurations are sized (the budget sizes the paired ratio); null: off.
+    only = FarmConfig(reference="/b/ref", control_only=[{"model.quant": "Q8_0"}])
+    partial = ctl.budgets(plan, ctl.setup(plan, "cpu", only, None), only, runs, samples)
+    assert partial["h2"].chosen and not partial["h1"].chosen and "not covered" in partial["h1"].reason
+    off = ctl.budgets(plan, ctl.setup(plan, "cpu", FarmConfig(reference=None), None), farm, runs, samples)
+    assert not off["h1"].chosen and "control is off" in off["h1"].reason
+    null = FarmConfig(reference="/b/ref", target_interval_pct=None)
+    assert "target_interval_pct=null" in ctl.budgets(plan, setup, null, runs, samples)["h2"].reason
+    # A wider target needs fewer repetitions; contradictory bounds are refused.
+    wide = FarmConfig(reference="/b/ref", target_interval_pct=3.0)
+    assert ctl.budgets(plan, setup, wide, runs, samples)["h2"].repetitions < noisy.repetitions
+    with pytest.raises(ValueError, match="min_repetitions"):
+        ctl.budgets(plan, setup, FarmConfig(reference="/b/ref", min_repetitions=40), runs, samples)
+    # Only the newest nights count: an old, noisy night is forgotten.
+    old, old_series = _store({"h2": 0.05}, nights=1)
+    older = pd.concat([old.assign(**{"tags.jbench.sweep_id": "s-old", "start_time": T0 - pd.Timedelta(days=30),
+                                     "run_id": "old-" + old["run_id"]}), runs])
+    both = {**{f"old-{k}": v for k, v in old_series.items()}, **series}
+    both_samples = lambda ids, m: {i: both[i] for i in ids if i in both} if m == "decode_tps_rep" else {}  # noqa
+    assert ctl.budgets(plan, setup, farm, older, both_samples)["h2"].repetitions > noisy.repetitions
+    assert ctl.earlier_spreads(older, both_samples, "h2", nights=2)[0].nights == 2
+    assert ctl.earlier_spreads(older, both_samples, "h2", nights=2)[0].sd == \
+        ctl.earlier_spreads(runs, samples, "h2")[0].sd
+
+
 @dataclass
 class _Outcome:
     trial: Trial
@@ -271,6 +371,15 @@ def test_a_paired_regression_fails_a_night_without_a_baseline():
     slow = ctl.judge(outcomes, setup, sweep_id="s1")
     result = NightlyResult("cpu", "n", "s1", None, "", outcomes, 3, control_verdicts=slow)
     assert _with_control(ExitCode.NO_VERDICT, result) == ExitCode.FAILED and result.regressed_units == ["u1"]
+    # The night's repetitions per build, and why, are in the markdown and on the parent run.
+    from jbench.analysis.paired import NoiseBudget
+    from jbench.sweeps.nightly import _control_tags, _markdown
+
+    result.exit_code, result.control = ExitCode.FAILED, setup
+    result.budgets = {"h1": NoiseBudget(14, True, "within-night spread 0.90 % ..."),
+                      "h2": NoiseBudget(4, False, "configured: no earlier night")}
+    assert "- Q4_0 [h1]: 14 repetitions per build (within-night spread 0.90 % ...)" in _markdown(result)
+    assert _control_tags(result)[ctl.TAG_REPETITIONS] == "h1=14; h2=4 (configured)"
 
 
 # --- `jbench nightly` with the control on real llama.cpp runs ------------------------------------------------------
@@ -324,6 +433,45 @@ def test_the_nightly_plans_the_control_before_any_device_and_refuses_a_reference
         Nightly(CLASS, experiment="engine_nightly", config_dirs=[conf], results_dir=results,
                 overrides=[*common, "backend=engine", "backend.binary=/bin/true", "farm.reference=/b/ref"])
     assert not (results / "mlflow.db").exists()  # nothing was recorded, no device touched
+
+
+@pytest.mark.slow  # three plans and a SQLite MLflow store: several seconds
+def test_the_nightly_sizes_each_configuration_from_its_earlier_nights_in_the_store(tmp_path):
+    from mlflow.entities import Metric
+
+    from jbench.sweeps.nightly import Nightly
+
+    from .gguf_files import unloadable_gguf
+
+    conf, results = _conf(tmp_path), tmp_path / "r"
+    unloadable_gguf(tmp_path / "Q4_0.gguf")
+    common = [*COMMON, "model.source=files", f"model.path_template='{tmp_path}/{{quant}}.gguf'",
+              "backend.binary_dir=/b/test", "farm.reference=/b/ref"]
+    first = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results, overrides=common)
+    [h] = first.budgets
+    assert not first.budgets[h].chosen and "no earlier night" in first.budgets[h].reason
+    assert [t.cfg.backend.repetitions for t in first.plan.trials] == [2, 2, 2, 2]  # 4 as configured, over 2 rounds
+    # Two earlier nights of this configuration in the store, both builds, 2.5 % within-night spread.
+    client = MlflowClient(f"sqlite:///{results}/mlflow.db")
+    exp = client.create_experiment(EXPERIMENT)
+    rng = random.Random(3)
+    for night in range(2):
+        for role_hash in (h, ctl.reference_hash(h)):
+            run = client.create_run(exp, tags={"jbench.kind": "trial", "jbench.sweep_id": f"n{night}",
+                                               "jbench.config_hash": role_hash, "jbench.hash_version": "2",
+                                               "device.unit": "host1"})
+            client.log_batch(run.info.run_id, metrics=[
+                Metric("decode_tps_rep", 60 * math.exp(rng.gauss(0, 0.025)), 0, step) for step in range(6)])
+            client.set_terminated(run.info.run_id)
+    second = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results, overrides=common)
+    b = second.budgets[h]
+    assert b.chosen and b.repetitions > 4 and "decode_tps on host1 over 2 night(s), 20 dof" in b.reason
+    assert [t.cfg.backend.repetitions for t in second.plan.trials] == [math.ceil(b.repetitions / 2)] * 4
+    assert [t.config_hash for t in second.plan.trials] == [h, ctl.reference_hash(h), ctl.reference_hash(h), h] == \
+        [t.config_hash for t in first.plan.trials]
+    off = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
+                  overrides=[*common, "farm.target_interval_pct=null"])
+    assert not off.budgets[h].chosen and [t.cfg.backend.repetitions for t in off.plan.trials] == [2, 2, 2, 2]
 
 
 @pytest.mark.e2e

@@ -44,7 +44,11 @@ profile, a fan) and moves both builds: `control_verdict` calls a night whose pai
 reference moved an "environment change", never blamed on the build.
 
 `repetitions_for(cv, half_width)`: repetitions per build to resolve a ratio to +-half_width at a measured
-within-night spread (the noise budget).
+within-night spread. The noise budget around it: `within_night_spread(nights)` pools the spread of ln(rate) within
+each build's repetitions of each earlier night (what a night's paired ratio sees; the settled repetitions only, the
+cold ones set aside), and `noise_budget(spreads, configured=..., half_width=...)` takes the noisiest unit x rate's
+spread to the repetitions per build tonight, bounded, or keeps the configured count with the reason (no target, no
+earlier night, too few degrees of freedom to trust a spread).
 
 `settle_by_control(report, verdicts)`: the absolute report's alarms of configurations the control judged tonight
 take the control's verdict (a regression stands only when the paired ratio says so); the rest are left to the
@@ -67,7 +71,8 @@ from jbench.analysis.regress import REGRESSION, ConfigResult, RegressReport
 
 __all__ = ["ConfirmSettings", "Alarm", "BuildRef", "Target", "Skipped", "PairedChange", "alarms", "targets",
            "paired_change", "settle", "NightRatio", "ReferenceShift", "ControlVerdict", "night_ratio",
-           "reference_shift", "control_verdict", "repetitions_for", "settle_by_control", "ENV_CHANGE"]
+           "reference_shift", "control_verdict", "repetitions_for", "settle_by_control", "ENV_CHANGE", "Spread",
+           "NoiseBudget", "within_night_spread", "noise_budget", "half_width_at"]
 
 BINARY_DIR = "tags.backend.binary_dir"
 BUILD_COMMIT = "tags.backend.build_commit"
@@ -475,6 +480,91 @@ def repetitions_for(cv: float, half_width: float = 0.01, *, alpha: float = 0.01,
         if t_ppf(1 - alpha / 2, 2 * n - 2) * cv * math.sqrt(2 / n) <= target:
             return n
     return None
+
+
+def half_width_at(cv: float, n: int, *, alpha: float = 0.01) -> float:
+    """The relative half-width (on the ratio scale) of the paired ratio's (1 - alpha) interval with n repetitions
+    per build at a within-night spread `cv` (SD of ln(rate)); the inverse of `repetitions_for`."""
+    from jbench.analysis.stats import t_ppf
+
+    if n < 2 or not math.isfinite(cv):
+        return math.nan
+    return math.expm1(t_ppf(1 - alpha / 2, 2 * n - 2) * cv * math.sqrt(2 / n))
+
+
+MIN_SPREAD_DOF = 4  # a spread from fewer degrees of freedom is too uncertain to size a night by (F(4): x0.5..x2.9)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The within-night spread of one unit x rate of a configuration over its earlier nights."""
+
+    what: str  # e.g. "decode_tps on u1"
+    sd: float  # pooled SD of ln(rate) within each build's repetitions of a night (about the per-repetition CV)
+    dof: int  # its degrees of freedom (repetitions less one per build and night)
+    nights: int  # the earlier nights it pools
+
+
+def within_night_spread(nights: dict[str, Sequence[Sequence[float]]], *, what: str = "") -> Spread:
+    """Pool the spread of ln(rate) within each group of repetitions (one build on one night; `nights`: night ->
+    its groups), so that neither night-to-night shifts nor the difference between the builds count: only what a
+    night's paired ratio sees. Non-finite or non-positive rates are left out; a group needs 2."""
+    ss, dof, used = 0.0, 0, 0
+    for groups in nights.values():
+        counted = False
+        for g in groups:
+            logs = [math.log(v) for v in _finite_positive(g)]
+            if len(logs) < 2:
+                continue
+            mean = sum(logs) / len(logs)
+            ss += sum((x - mean) ** 2 for x in logs)
+            dof += len(logs) - 1
+            counted = True
+        used += counted
+    return Spread(what, math.sqrt(ss / dof) if dof else math.nan, dof, used)
+
+
+@dataclass(frozen=True)
+class NoiseBudget:
+    """Tonight's repetitions per build of one configuration, and why."""
+
+    repetitions: int  # per build over the night (the sweep's rounds split them: ceil(n / rounds) per trial)
+    chosen: bool  # True: from the spread; False: the configured backend.repetitions
+    reason: str
+    spread: Optional[Spread] = None  # the spread that decided (the noisiest one)
+    half_width: float = math.nan  # the interval the count reaches at that spread (relative, e.g. 0.01)
+
+    def describe(self) -> str:
+        return f"{self.repetitions} repetitions per build ({self.reason})"
+
+
+def noise_budget(spreads: Sequence[Spread], *, configured: int, half_width: Optional[float], alpha: float = 0.01,
+                 at_least: int = 3, at_most: int = 30, min_dof: int = MIN_SPREAD_DOF) -> NoiseBudget:
+    """The repetitions per build for the paired ratio's (1 - alpha) interval to be at most +-half_width at the
+    noisiest of `spreads` (each unit x rate of the configuration: every one must reach the target), within
+    [at_least, at_most]; the configured count, with the reason, when there is no target or no spread to trust."""
+    if half_width is None:
+        return NoiseBudget(configured, False, "configured: no target interval (farm.target_interval_pct=null)")
+    known = [s for s in spreads if math.isfinite(s.sd) and s.dof >= min_dof]
+    if not known:
+        best = max(spreads, key=lambda s: s.dof, default=None)
+        why = ("no earlier night with per-repetition rates of this configuration" if best is None or best.dof == 0
+               else f"the earlier nights' spread has {best.dof} degree(s) of freedom, fewer than {min_dof}")
+        return NoiseBudget(configured, False, f"configured: {why}")
+    worst = max(known, key=lambda s: s.sd)
+    target = f"+-{half_width * 100:.2f} % at {(1 - alpha) * 100:g} %"
+    source = (f"within-night spread {worst.sd * 100:.2f} % of {worst.what or 'the rate'} over {worst.nights} "
+              f"night(s), {worst.dof} dof")
+    n = repetitions_for(worst.sd, half_width, alpha=alpha, at_least=at_least, at_most=at_most)
+    if n is None:
+        reached = half_width_at(worst.sd, at_most, alpha=alpha)
+        return NoiseBudget(at_most, True, f"{source}: capped at {at_most}, which reaches +-{reached * 100:.2f} %, "
+                                          f"not {target}", worst, reached)
+    reached = half_width_at(worst.sd, n, alpha=alpha)
+    # At the floor a smaller count would have reached the target too: the bound chose, not the spread.
+    floor = " (the floor)" if n == at_least and n > 2 and half_width_at(worst.sd, n - 1, alpha=alpha) <= half_width \
+        else ""
+    return NoiseBudget(n, True, f"{source}: {n}{floor} for {target}", worst, reached)
 
 
 def settle_by_control(report: HistoryReport | RegressReport, verdicts: Sequence[ControlVerdict]) -> int:

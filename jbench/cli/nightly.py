@@ -35,6 +35,10 @@ on the night's paired ratio test/reference, so a clear drop fails its first
 night, and a drop of both builds is an environment change, not the build's.
 It doubles the covered configurations' device time: farm.control_every=N runs it
 every Nth night, farm.control_only=[{model.quant: Q4_0}] on some configurations.
+Repetitions per build come from a noise budget: the earlier nights' within-night
+spread sets how many the paired interval needs to be within +-farm.target_interval_pct
+(default 1 %, null: backend.repetitions as configured), within farm.min_repetitions
+and farm.max_repetitions (3, 30).
 
 \b
 A dead unit does not stop the night: the units that answer are measured, each one
@@ -87,7 +91,7 @@ Example:
 @click.option("--confirm-alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the confirmation's paired t-test and of the same-night control's ratio.")
 @click.option("--confirm-threshold", type=float, default=0.01, show_default=True,
-              help="Smallest relative change (0.01 = 1 %%) a confirmed (or same-night control) regression must have.")
+              help="Smallest relative change (0.01 = 1 %) a confirmed (or same-night control) regression must have.")
 @click.option("--promote-reference", is_flag=True, default=False,
               help="Accept tonight's build under test as the class's reference build (farm.reference=accepted) from "
                    "the next night on; recorded on the night's parent run.")

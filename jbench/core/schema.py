@@ -521,6 +521,14 @@ class FarmConfig:
     # Only the configurations matching one of these rules (keys to a value or a list, as sweep.exclude) get the
     # control; empty: every configuration.
     control_only: List[Dict[str, Any]] = nonident(default_factory=list)
+    # The noise budget of a control night: each covered configuration's repetitions per build chosen from its
+    # earlier nights' within-night spread so that the paired ratio's (1 - alpha) interval (alpha: the nightly's
+    # --confirm-alpha) is at most +- this many percent, within [min_repetitions, max_repetitions]; null: the
+    # configured backend.repetitions. Without a usable history the configured count runs (the reason is recorded).
+    target_interval_pct: Optional[float] = nonident(
+        1.0, metadata=bounded(above=0, note="null keeps backend.repetitions as configured"))
+    min_repetitions: int = nonident(3, metadata=bounded(2))
+    max_repetitions: int = nonident(30, metadata=bounded(2))
 
 
 @dataclass

@@ -18,6 +18,12 @@ Which nights (`farm.control_every`: every Nth night, from the earlier nightly pa
 configurations (`farm.control_only`, rules as `sweep.exclude`). Each reference trial costs what its test trial
 costs: the control doubles the device time of the configurations it covers, on the nights it runs.
 
+The noise budget (`farm.target_interval_pct`, docs/farm.md): on a control night each covered configuration's
+repetitions per build are chosen from its earlier nights' within-night spread (`budgets`: the per-repetition series
+`<metric>_rep` of its newest `BUDGET_NIGHTS` nights, both builds; jbench.analysis.paired.noise_budget does the
+arithmetic) and set in the plan (`with_repetitions`); the count and why are tagged on each run
+(`RUN_TAG_REPETITIONS`) and on the parent run (`TAG_REPETITIONS`).
+
 Runs are told apart in the store: a reference trial's `jbench.config_hash` is its configuration's hash with
 `REFERENCE_SUFFIX` (so `jbench regress`, compare and the history never pool it with the build under test, and the
 reference's own absolute series is a series of its own), its label carries `control=reference`, and after the
@@ -33,8 +39,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
-from jbench.analysis.paired import (ControlVerdict, NightRatio, ReferenceShift, control_verdict, direction,
-                                     night_ratio, reference_shift)
+from jbench.analysis.paired import (ControlVerdict, NightRatio, NoiseBudget, ReferenceShift, Spread, control_verdict,
+                                     direction, night_ratio, noise_budget, reference_shift, within_night_spread)
 from jbench.core.results import Status
 from jbench.core.schema import FarmConfig
 from jbench.core.trial import Trial, short_label
@@ -54,6 +60,9 @@ TAG_PROMOTED = "jbench.nightly.promoted_reference"  # a promotion: the build und
 TAG_PROMOTED_COMMIT = "jbench.nightly.promoted_reference_commit"
 TAG_VERDICTS = "jbench.nightly.control_verdicts"
 RUN_TAG = "jbench.control"  # on each trial run of a control night: test | reference
+TAG_REPETITIONS = "jbench.nightly.repetitions"  # config hash=repetitions per build, ... (the noise budget)
+RUN_TAG_REPETITIONS = "jbench.repetitions_budget"  # on each trial run: the count per build and why
+BUDGET_NIGHTS = 7  # the newest earlier nights whose spread sizes tonight (older ones may predate a change)
 
 _CLASS_TAG = "tags.jbench.nightly.class"
 
@@ -210,6 +219,102 @@ def control_plan(plan: Plan, control: ControlSetup) -> Plan:
     return dataclasses.replace(plan, trials=numbered, rounds=rounds, sweep=sweep)
 
 
+# --- the noise budget ------------------------------------------------------------------------------------------
+
+
+def earlier_spreads(runs: Optional[pd.DataFrame], samples: Callable[[list[str], str], dict[str, list[float]]],
+                    config_hash: str, *, nights: int = BUDGET_NIGHTS) -> list[Spread]:
+    """The within-night spread of each unit x rate of a configuration over its newest `nights` earlier nights:
+    the FINISHED trial runs of the build under test and of its reference, one group of repetitions per night,
+    unit and build (the rounds of one build pooled, as the night's paired ratio pools them)."""
+    cols = ("tags.jbench.config_hash", "tags.jbench.sweep_id", "status", "run_id")
+    if runs is None or len(runs) == 0 or not all(c in runs.columns for c in cols):
+        return []
+    mine = runs[runs["tags.jbench.config_hash"].isin([config_hash, reference_hash(config_hash)])
+                & (runs["status"] == "FINISHED") & runs["tags.jbench.sweep_id"].notna()]
+    if mine.empty:
+        return []
+    order = mine.sort_values("start_time", kind="stable") if "start_time" in mine.columns else mine
+    newest = list(dict.fromkeys(order["tags.jbench.sweep_id"]))[-nights:]
+    mine = mine[mine["tags.jbench.sweep_id"].isin(newest)]
+    unit = mine["tags.device.unit"] if "tags.device.unit" in mine.columns else None
+    if unit is None or unit.isna().all():
+        unit = mine["tags.device.name"] if "tags.device.name" in mine.columns else pd.Series("", index=mine.index)
+    keys = list(zip(mine["tags.jbench.sweep_id"], unit.fillna("").astype(str), mine["tags.jbench.config_hash"],
+                    mine["run_id"]))
+    out = []
+    for metric in METRICS:
+        series = samples([k[3] for k in keys], f"{metric}_rep")
+        by_unit: dict[str, dict[str, dict[str, list[float]]]] = {}  # unit -> night -> build -> repetitions
+        for night, u, h, run_id in keys:
+            by_unit.setdefault(u, {}).setdefault(night, {}).setdefault(h, []).extend(series.get(run_id) or [])
+        for u, per_night in sorted(by_unit.items()):
+            spread = within_night_spread({n: list(builds.values()) for n, builds in per_night.items()},
+                                         what=f"{metric} on {u}" if u else metric)
+            if spread.dof:
+                out.append(spread)
+    return out
+
+
+def budgets(plan: Plan, control: ControlSetup, farm: FarmConfig, runs: Optional[pd.DataFrame],
+            samples: Callable[[list[str], str], dict[str, list[float]]], *, alpha: float = 0.01,
+            store_problem: str = "") -> dict[str, NoiseBudget]:
+    """Tonight's repetitions per build of each configuration of the plan (config hash -> NoiseBudget): from the
+    spread on a control night's covered configurations, else the configured count with the reason. ValueError
+    names bounds that contradict each other."""
+    if farm.min_repetitions > farm.max_repetitions:
+        raise ValueError(f"farm.min_repetitions={farm.min_repetitions} is above farm.max_repetitions="
+                         f"{farm.max_repetitions}: give a range, e.g. 3 and 30")
+    half = farm.target_interval_pct / 100 if farm.target_interval_pct is not None else None
+    out: dict[str, NoiseBudget] = {}
+    for t in plan.trials:
+        h = t.config_hash
+        if h in out or is_reference_hash(h):
+            continue
+        configured = _configured(t)
+        if configured is None:
+            continue  # a backend without a repetition count: nothing to size
+        if half is None:
+            out[h] = noise_budget([], configured=configured, half_width=None)
+        elif not control.on or h not in control.covered:
+            why = f"the same-night control is off ({control.why_off})" if not control.on else \
+                "not covered by the same-night control (farm.control_only)"
+            out[h] = NoiseBudget(configured, False, f"configured: {why}; the budget sizes the night's paired ratio")
+        elif store_problem:
+            out[h] = NoiseBudget(configured, False, f"configured: {store_problem}")
+        else:
+            out[h] = noise_budget(earlier_spreads(runs, samples, h), configured=configured, half_width=half,
+                                  alpha=alpha, at_least=farm.min_repetitions, at_most=farm.max_repetitions)
+    return out
+
+
+def _configured(trial: Trial) -> Optional[int]:
+    """The configuration's repetitions per build and night as planned: each of its R rounds runs its share."""
+    reps = getattr(trial.cfg.backend, "repetitions", None)
+    return reps * trial.rounds if isinstance(reps, int) and not isinstance(reps, bool) else None
+
+
+def with_repetitions(plan: Plan, chosen: dict[str, NoiseBudget]) -> Plan:
+    """The plan with each configuration's repetitions per build tonight: a trial of a plan of R rounds runs
+    ceil(n / R) of them. Its configuration hash stays (the history's series goes on), as with sweep.rounds."""
+    trials = []
+    for t in plan.trials:
+        b = chosen.get(t.config_hash)
+        if b is None or not b.chosen:
+            trials.append(t)
+            continue
+        share = max(1, -(-b.repetitions // t.rounds))
+        cfg = dataclasses.replace(t.cfg, backend=dataclasses.replace(t.cfg.backend, repetitions=share))
+        trials.append(dataclasses.replace(t, config=with_changes(t.config, {"backend.repetitions": share})
+                                          ).with_cfg(cfg))
+    return dataclasses.replace(plan, trials=trials)
+
+
+def budget_tags(chosen: dict[str, NoiseBudget]) -> str:
+    return "; ".join(f"{h}={b.repetitions}" + ("" if b.chosen else " (configured)")
+                     for h, b in sorted(chosen.items()))
+
+
 # --- judging a night ----------------------------------------------------------------------------------------------
 
 
@@ -320,4 +425,5 @@ __all__ = ["REFERENCE_SUFFIX", "ROLE_KEY", "TEST", "REFERENCE", "RUN_TAG", "TAG_
            "TAG_REFERENCE_COMMIT", "TAG_PROMOTED", "TAG_PROMOTED_COMMIT", "TAG_VERDICTS", "Reference", "ControlSetup",
            "ControlVerdict", "NightRatio", "ReferenceShift", "reference_hash", "is_reference_hash",
            "accepted_reference", "control_due", "setup", "control_plan", "judge", "previous_reference",
-           "replaced_in_place", "tonight_build", "verdict_tags"]
+           "replaced_in_place", "tonight_build", "verdict_tags", "TAG_REPETITIONS", "RUN_TAG_REPETITIONS",
+           "BUDGET_NIGHTS", "earlier_spreads", "budgets", "with_repetitions", "budget_tags"]

@@ -27,7 +27,10 @@ declared, or the last one accepted with `--promote-reference`) every covered con
 build on the same unit, counterbalanced (T R R T), and a code change is judged on that night's paired ratio
 (jbench.analysis.paired): a paired regression fails its first night; an absolute alarm whose paired ratio holds is
 cleared ("environment change" when the reference moved too); configurations the control judged have a verdict
-even before the history has enough nights. Promotions are recorded on the parent run.
+even before the history has enough nights. Promotions are recorded on the parent run. On a control night each
+covered configuration's repetitions per build come from a noise budget (`farm.target_interval_pct`: its earlier
+nights' within-night spread, read before any device is touched; without one, the configured count), recorded on
+each run and on the parent run.
 
 Exit codes (docs/cli.md): 0 clean, 1 regression, 2 nothing run (bad input, no unit reachable), 3 no verdict,
 4 trials failed or a unit not measured. Precedence: 2 (stops before anything runs), then 1, then 4, then 3, then 0.
@@ -48,6 +51,7 @@ from jbench.analysis.history import (DEFAULT_SETTINGS, ChangeKey, HistoryError, 
 from jbench.analysis.regress import (REGRESSION, NoData, RegressError,
                                      RegressReport, regress)
 from jbench.core.results import Category, Status
+from jbench.core.trial import short_label
 from jbench.runner import scheduler as sched
 from jbench.sweeps import control as ctl
 from jbench.sweeps.plan import Plan
@@ -197,6 +201,7 @@ class NightlyResult:
     control: Optional[ctl.ControlSetup] = None  # tonight's same-night control (on, or off with why)
     control_verdicts: list[ControlVerdict] = field(default_factory=list)  # per unit x configuration x rate
     promoted: Optional[ctl.Reference] = None  # the build accepted as the reference tonight (--promote-reference)
+    budgets: dict = field(default_factory=dict)  # config hash -> NoiseBudget: repetitions per build tonight, and why
     missing: dict[str, str] = field(default_factory=dict)  # unit -> why it was not measured (unreachable, quarantined)
     quarantined: list[str] = field(default_factory=list)  # units quarantined (skipped, or from this night on)
     unit_failures: dict[str, int] = field(default_factory=dict)  # unit -> nights in a row without a measurement
@@ -318,9 +323,11 @@ class Nightly:
         farm = self.plan.pool.farm if self.plan.pool is not None else self.plan.trials[0].cfg.farm
         try:
             self.control = ctl.setup(self.plan, device_class, farm, None if self.store.spool else self._parents(self.uri))
+            # The noise budget: the covered configurations' repetitions from their earlier nights' spread.
+            self.budgets = self._budgets(farm)
         except ValueError as exc:
             raise NightlyError(str(exc)) from None
-        self.plan = ctl.control_plan(self.plan, self.control)
+        self.plan = ctl.control_plan(ctl.with_repetitions(self.plan, self.budgets), self.control)
 
     @property
     def probes_units(self) -> bool:
@@ -351,6 +358,32 @@ class Nightly:
             raise NightlyError(f"every unit of {self.device_class} is quarantined; nothing was run:\n"
                                + "\n".join(f"  - {u}: {why}" for u, why in quarantined.items()))
         return streaks, quarantined
+
+    def _budgets(self, farm: Any) -> dict:
+        """Each configuration's repetitions tonight (jbench.sweeps.control.budgets), the earlier nights read from
+        the store only when the budget can use them; a store that does not answer costs the budget, not the night."""
+        from jbench.tracking.reader import repetition_samples, runs_frame, with_current_hashes
+
+        def read(problem: str = "") -> dict:
+            runs = None
+            if not problem and self.control.on and farm.target_interval_pct is not None and store_exists(self.uri):
+                try:
+                    runs = with_current_hashes(runs_frame(self.uri, [self.experiment]))
+                except LookupError:  # no such experiment yet: no earlier night
+                    runs = None
+            return ctl.budgets(self.plan, self.control, farm, runs,
+                               lambda ids, m: repetition_samples(self.uri, list(ids), m),
+                               alpha=self.confirm_settings.alpha, store_problem=problem)
+
+        if self.store.spool:
+            return read("the store does not answer (the results go to the spool): no earlier night was read")
+        try:
+            return read()
+        except ValueError:
+            raise
+        except Exception as exc:  # the store broke while reading: the configured counts run
+            log.warning("the earlier nights' spread was not read: %s", exc)
+            return read(f"the earlier nights were not read: {exc}")
 
     def _parents(self, uri_or_tracker: Any) -> Any:
         """The experiment's earlier sweep parent runs (None: no store or no such experiment yet)."""
@@ -432,6 +465,7 @@ class Nightly:
             report, result.no_verdict_reason, df, history_runs = self._regress(t, swept.experiment, swept.sweep_id)
             result.mode = "history" if isinstance(report, HistoryReport) else "pairwise"
             result.control_verdicts = self._judge_control(t, swept, history_runs, say)
+            self._tag_budgets(t, swept)
             if report is not None and result.control_verdicts:
                 settle_by_control(report, result.control_verdicts)
             if report is not None and _unsettled(report) and self.confirm:
@@ -441,6 +475,7 @@ class Nightly:
                 result.report_html = self._report(t, df, swept, result, report)
         result.regress = report
         result.control = self.control
+        result.budgets = self.budgets
         code = report.exit_code if report else ExitCode.NO_VERDICT
         if report is not None and report.exit_code == ExitCode.NO_VERDICT:
             result.no_verdict_reason = report.verdict_reason
@@ -512,6 +547,17 @@ class Nightly:
         except Exception as exc:
             log.error("tagging the control's runs failed: %s", exc)
         return verdicts
+
+    def _tag_budgets(self, t: Any, swept: Any) -> None:
+        """Each run tagged with its configuration's repetitions per build tonight and why (the noise budget)."""
+        try:
+            for o in swept.outcomes:
+                h = o.trial.config_hash
+                b = self.budgets.get(h[:-len(ctl.REFERENCE_SUFFIX)] if ctl.is_reference_hash(h) else h)
+                if o.run_id and b is not None:
+                    t.log(o.run_id, tags={ctl.RUN_TAG_REPETITIONS: b.describe()[:_CHUNK]})
+        except Exception as exc:
+            log.error("tagging the runs with their repetitions failed: %s", exc)
 
     def _confirm(self, report: HistoryReport | RegressReport, runs: Any, experiment: str, tracker: Callable[[], Any],
                  say: Callable[[str], None], on_trial_start: Callable[[Any], None],
@@ -622,6 +668,8 @@ def _control_tags(result: NightlyResult) -> dict[str, str]:
             tags[ctl.TAG_REFERENCE] = c.reference.binary_dir
             tags[ctl.TAG_REFERENCE_COMMIT] = _reference_commit(result) or c.reference.commit
             tags[ctl.TAG_VERDICTS] = ctl.verdict_tags(result.control_verdicts) or _NONE
+    if result.budgets:
+        tags[ctl.TAG_REPETITIONS] = ctl.budget_tags(result.budgets)[:_CHUNK]
     if result.promoted is not None:
         tags[ctl.TAG_PROMOTED] = result.promoted.binary_dir
         tags[ctl.TAG_PROMOTED_COMMIT] = result.promoted.commit
@@ -690,6 +738,10 @@ def _control_markdown(result: NightlyResult) -> list[str]:
                   "test/reference:", ""]
         lines += [f"- {v.describe()}" for v in result.control_verdicts] or ["- no verdict: no finished pair"]
         lines.append("")
+        labels = {o.trial.config_hash: short_label(o.trial.point) or f"{o.trial.cfg.model.name} "
+                  f"{o.trial.cfg.model.quant}" for o in result.outcomes}
+        lines += ["Repetitions per build (the noise budget, farm.target_interval_pct):", ""]
+        lines += [f"- {labels.get(h, h)} [{h}]: {b.describe()}" for h, b in sorted(result.budgets.items())] + [""]
     elif c is not None:
         lines += [f"Same-night control: off ({c.why_off}).", ""]
     if result.promoted is not None:
