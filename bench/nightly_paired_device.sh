@@ -3,7 +3,9 @@
 # one-unit class (this machine, device_class h100) whose reference build is a copy of the build under test, so every
 # night's paired ratio test/reference measures only noise. The nightly matrix as shipped (+experiment=nightly:
 # 10 repetitions, 2 rounds, T R R T) on the Q4_0, Q8_0 and F16 ladder at depth 0, speed only (telemetry.source=none,
-# quality off). The store goes to $OUT/nightly-store.tar.gz for bench/nightly_paired_sensitivity.py.
+# quality off). ROUNDS (default 2, as shipped) sets sweep.rounds: each round runs every configuration with both builds,
+# alternating their order (T R R T ...). The store goes to $OUT/nightly-store.tar.gz for
+# bench/nightly_paired_sensitivity.py.
 # Run from the repository root there (the `run` tool, carry [".whl", "$GPU_DIR"]); see bench/gpu26_setup.sh.
 # usage: bash bench/nightly_paired_device.sh [BUDGET_S] [NIGHTS]
 set -u
@@ -24,10 +26,10 @@ paths:
 YAML
 # The reference: a copy kept beside the build, never replaced in place (the nightly checks its commit).
 [ -x $REF/llama-bench ] || { mkdir -p $W/reference && cp -a $B $REF; }
-export JBENCH_RESULTS_DIR=$W/results-nightly JBENCH_CACHE_DIR=$W/cache
+export JBENCH_RESULTS_DIR=$W/results-nightly${ROUNDS:+-r$ROUNDS} JBENCH_CACHE_DIR=$W/cache PYTHONPATH=$W/site
 ARGS=(--config-dir $C backend.binary_dir=$B farm.reference=$REF model.source=files
       "model.path_template='$W/ladder/{quant}.gguf'" model.quant=Q4_0,Q8_0,F16 backend.depth=0
-      telemetry.source=none quality.enabled=false)
+      telemetry.source=none quality.enabled=false sweep.rounds=${ROUNDS:-2})
 last=60
 for night in $(seq 1 $NIGHTS); do
   [ $(( $(date +%s) - T0 + last + 20 )) -gt $BUDGET ] && { echo "out of time before night $night"; break; }
@@ -38,6 +40,6 @@ for night in $(seq 1 $NIGHTS); do
   grep -m3 "control: gpu0" $W/night-$night.log | cut -c1-220
 done
 nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv,noheader
-tar -czf $OUT/nightly-store.tar.gz -C $W results-nightly/mlflow.db 2>/dev/null || ls $W/results-nightly
+tar -czf $OUT/nightly-store.tar.gz -C $JBENCH_RESULTS_DIR mlflow.db 2>/dev/null || ls $JBENCH_RESULTS_DIR
 cp $W/night-1.log $OUT/ 2>/dev/null
 echo "all at $(( $(date +%s) - T0 )) s"

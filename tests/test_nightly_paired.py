@@ -529,3 +529,49 @@ def test_the_paired_nightly_fails_a_slow_builds_first_night_and_passes_the_same_
     assert first[ctl.TAG_PROMOTED] == good and first[ctl.TAG_PROMOTED_COMMIT] == llama_build["build_commit"]
     assert parents[night2.sweep_id][ctl.TAG_CONTROL] == "on" and parents[night2.sweep_id][ctl.TAG_REFERENCE] == good
     assert "decode_tps: regression" in parents[night2.sweep_id][ctl.TAG_VERDICTS]
+
+
+def _trial_night(rng, *, trial_sd, rep_sd, trials=2, reps=6, test_scale=1.0):
+    """One night's trials of each build: every trial has its own level (trial_sd) around the build's, and its
+    repetitions scatter around that level (rep_sd)."""
+    def build(scale):
+        out = []
+        for _ in range(trials):
+            level = 1000 * scale * math.exp(rng.gauss(0, trial_sd))
+            out.append([level * math.exp(rng.gauss(0, rep_sd)) for _ in range(reps)])
+        return out
+    return build(test_scale), build(1.0)
+
+
+def test_the_trial_is_the_unit_so_correlated_repetitions_do_not_raise_false_alarms():
+    from jbench.analysis.paired import night_ratio, trial_ratio, trial_spread
+
+    rng = random.Random(26)
+    history, per_rep, per_trial = [], 0, 0
+    for _ in range(200):  # the same build on both sides: every alarm is a false one
+        test, ref = _trial_night(rng, trial_sd=0.006, rep_sd=0.007)
+        per_rep += night_ratio([v for t in test for v in t], [v for t in ref for v in t], +1).verdict != "no change"
+        per_trial += trial_ratio(test, ref, +1, earlier=history[-14:]).verdict != "no change"
+        history += [[sum(math.log(v) for v in t) / len(t) for t in side] for side in (test, ref)]
+    # Repetitions that share a trial's level look like 12 independent samples to the Welch test.
+    assert per_rep > 10 and per_trial <= 6
+    sd, dof = trial_spread(history[-14:])
+    assert dof == 14 and 0.003 < sd < 0.012
+
+
+def test_a_trial_level_step_is_found_and_its_interval_uses_the_pooled_spread():
+    from jbench.analysis.paired import trial_ratio
+
+    rng = random.Random(5)
+    history = []
+    for _ in range(7):
+        test, ref = _trial_night(rng, trial_sd=0.004, rep_sd=0.005)
+        history += [[sum(math.log(v) for v in t) / len(t) for t in side] for side in (test, ref)]
+    test, ref = _trial_night(rng, trial_sd=0.004, rep_sd=0.005, test_scale=0.96)
+    r = trial_ratio(test, ref, +1, earlier=history)
+    assert r.verdict == REGRESSION and r.k_test == r.k_reference == 2 and r.dof == 16
+    assert r.low < r.ratio < r.high and r.high < 1
+    assert "2+2 trials" in r.describe()
+    # Tonight alone (one trial each, no earlier night): no spread to judge by, whatever the ratio.
+    alone = trial_ratio(test[:1], ref[:1], +1)
+    assert alone.verdict == "no verdict" and "no trial-to-trial spread" in alone.reason

@@ -33,13 +33,18 @@ in the same power state as the build under test, counterbalanced (T R ... R T), 
 night's noise (clocks, thermal state, background load) is shared by both builds, so a code change is judged on
 the per-night paired ratio, never on the absolute series:
 
-`night_ratio(test, reference, direction)`: the ratio of the geometric means of the two builds' per-repetition
-rates that night (test / reference), its (1 - alpha) Welch interval and p-value on ln(rates) (analysis.stats.
-ratio_test), and the verdict: a regression when the ratio is worse by the metric's direction, p < alpha and
-|ratio - 1| >= min_effect.
+`trial_ratio(test_trials, reference_trials, direction, earlier=...)`, what the nightly judges by: the ratio of the
+two builds' geometric means that night (test / reference) with the trial as the unit. Repetitions of one trial
+share its process and its moment, so they are not independent (on the GPU host a trial's mean moved twice as far
+from its build's other trial as its repetitions' spread explains, and a per-repetition test flagged 3 of 39
+same-build configuration-nights at alpha 0.01); the interval and p-value come from the spread of trial means within
+one build and night, pooled over tonight and the configuration's earlier nights, at a t quantile of the pooled
+degrees of freedom. The verdict: a regression when the ratio is worse by the metric's direction, p < alpha and
+|ratio - 1| >= min_effect. `night_ratio(test, reference, direction)` is the per-repetition Welch version
+(analysis.stats.ratio_test), for rates that are not grouped in trials.
 
-`reference_shift(previous, tonight)`: the reference build against itself on its previous control night, the same
-test: the reference's own absolute series. When it moved, the environment moved (a JetPack update, a new power
+`reference_shift_trials(previous, tonight)` (and the per-repetition `reference_shift`): the reference build against
+itself on its previous control night, the same test: the reference's own absolute series. When it moved, the environment moved (a JetPack update, a new power
 profile, a fan) and moves both builds: `control_verdict` calls a night whose paired ratio holds but whose
 reference moved an "environment change", never blamed on the build.
 
@@ -71,7 +76,7 @@ from jbench.analysis.regress import REGRESSION, ConfigResult, RegressReport
 
 __all__ = ["ConfirmSettings", "Alarm", "BuildRef", "Target", "Skipped", "PairedChange", "alarms", "targets",
            "paired_change", "settle", "NightRatio", "ReferenceShift", "ControlVerdict", "night_ratio",
-           "reference_shift", "control_verdict", "repetitions_for", "settle_by_control", "ENV_CHANGE", "Spread",
+           "reference_shift", "control_verdict", "repetitions_for", "trial_ratio", "trial_spread", "reference_shift_trials", "settle_by_control", "ENV_CHANGE", "Spread",
            "NoiseBudget", "within_night_spread", "noise_budget", "half_width_at"]
 
 BINARY_DIR = "tags.backend.binary_dir"
@@ -345,14 +350,22 @@ class NightRatio:
     detectable: float  # the smallest relative change this night could flag (on the log scale, a rise)
     verdict: str  # regression | improvement | no change | no verdict
     reason: str = ""
+    # With the trial as the unit (trial_ratio): trials of each build tonight, and the trial-to-trial spread of
+    # ln trial means the interval came from, with its degrees of freedom; 0 / NaN for the per-repetition test.
+    k_test: int = 0
+    k_reference: int = 0
+    dof: int = 0
+    trial_sd: float = math.nan
 
     def describe(self) -> str:
         if self.verdict == NO_VERDICT and not math.isfinite(self.p_value):
             return f"{self.metric}: no verdict ({self.reason})"
         pct = lambda x: f"{(x - 1) * 100:+.2f} %"  # noqa: E731
+        spread = (f"{self.k_test}+{self.k_reference} trials of {self.n_test}+{self.n_reference} repetitions, "
+                  f"trial-to-trial spread {self.trial_sd * 100:.2f} % ({self.dof} dof)" if self.k_test else
+                  f"{self.n_test}+{self.n_reference} repetitions, within-night spread {self.cv * 100:.2f} %")
         return (f"{self.metric}: test/reference {pct(self.ratio)} (CI {pct(self.low)} … {pct(self.high)}), "
-                f"p={self.p_value:.2g}, {self.n_test}+{self.n_reference} repetitions, within-night spread "
-                f"{self.cv * 100:.2f} %: {self.verdict}" + (f" ({self.reason})" if self.reason else ""))
+                f"p={self.p_value:.2g}, {spread}: {self.verdict}" + (f" ({self.reason})" if self.reason else ""))
 
 
 def _finite_positive(values: Sequence[float]) -> list[float]:
@@ -392,6 +405,73 @@ def night_ratio(test: Sequence[float], reference: Sequence[float], direction: in
                       reason)
 
 
+def _trial_means(trials: Sequence[Sequence[float]]) -> list[float]:
+    """ln of each trial's geometric mean rate (trials without a usable rate left out)."""
+    out = []
+    for reps in trials:
+        logs = [math.log(v) for v in _finite_positive(reps)]
+        if logs:
+            out.append(sum(logs) / len(logs))
+    return out
+
+
+def trial_spread(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(pooled SD, dof) of ln trial means within each group (one build on one night: its trials' means); a group
+    needs 2 trials."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        if len(g) < 2:
+            continue
+        mean = sum(g) / len(g)
+        ss += sum((x - mean) ** 2 for x in g)
+        dof += len(g) - 1
+    return (math.sqrt(ss / dof) if dof else math.nan), dof
+
+
+def trial_ratio(test: Sequence[Sequence[float]], reference: Sequence[Sequence[float]], direction: int, *,
+                earlier: Sequence[Sequence[float]] = (), metric: str = "", alpha: float = 0.01,
+                min_effect: float = 0.01) -> NightRatio:
+    """The night's paired ratio with the trial as the unit: `test` and `reference` are tonight's trials of each
+    build (each its per-repetition rates). Repetitions of one trial share its process, its clocks and whatever
+    ran beside it, so they are not independent: on the GPU host a trial's mean moved 0.67 % from its build's other
+    trial that night, twice what its repetitions' spread explains. So the ratio is the geometric mean of the test
+    trials' means over the reference's, and its interval comes from the spread of trial means within one build and
+    night, pooled over tonight's two builds and `earlier` (the same configuration's earlier nights: groups of ln
+    trial means, one group per build and night), with a t quantile at the pooled degrees of freedom."""
+    from jbench.analysis.stats import t_ppf
+
+    t_means, r_means = _trial_means(test), _trial_means(reference)
+    n_t = sum(len(_finite_positive(x)) for x in test)
+    n_r = sum(len(_finite_positive(x)) for x in reference)
+    cv = _pooled_log_sd([v for x in test for v in _finite_positive(x)],
+                        [v for x in reference for v in _finite_positive(x)]) if n_t and n_r else math.nan
+    if not t_means or not r_means:
+        return NightRatio(metric, n_t, n_r, math.nan, math.nan, math.nan, math.nan, cv, math.nan, NO_VERDICT,
+                          "no trial of one build finished", len(t_means), len(r_means))
+    diff = sum(t_means) / len(t_means) - sum(r_means) / len(r_means)
+    ratio = math.exp(diff)
+    sd, dof = trial_spread([t_means, r_means, *earlier])
+    if not dof or not math.isfinite(sd) or sd == 0:
+        why = ("one trial per build and no earlier night of this configuration: no trial-to-trial spread to judge "
+               "by" if not dof else "no spread between trials")
+        return NightRatio(metric, n_t, n_r, ratio, math.nan, math.nan, math.nan, cv, math.nan, NO_VERDICT, why,
+                          len(t_means), len(r_means), dof, sd)
+    se = sd * math.sqrt(1 / len(t_means) + 1 / len(r_means))
+    half = t_ppf(1 - alpha / 2, dof) * se
+    from scipy.special import stdtr
+
+    p = min(1.0, 2.0 * float(stdtr(dof, -abs(diff) / se)))
+    change = ratio - 1
+    worse = change * direction < 0
+    if p >= alpha or abs(change) < min_effect:
+        verdict = NO_CHANGE
+        reason = f"not significant at alpha {alpha:g}" if p >= alpha else f"smaller than the threshold {min_effect:.1%}"
+    else:
+        verdict, reason = (REGRESSION if worse else IMPROVEMENT), ""
+    return NightRatio(metric, n_t, n_r, ratio, math.exp(diff - half), math.exp(diff + half), p, cv,
+                      math.expm1(half), verdict, reason, len(t_means), len(r_means), dof, sd)
+
+
 @dataclass(frozen=True)
 class ReferenceShift:
     """The reference build tonight against itself on its previous control night (the same build)."""
@@ -425,6 +505,21 @@ def reference_shift(previous: Sequence[float], tonight: Sequence[float], *, metr
                               rt.reason if a else "no earlier night of this reference")
     moved = rt.p_value < alpha and abs(rt.ratio - 1) >= min_effect
     return ReferenceShift(metric, previous_sweep, rt.ratio, rt.low, rt.high, rt.p_value, moved)
+
+
+def reference_shift_trials(previous: Sequence[Sequence[float]], tonight: Sequence[Sequence[float]], *,
+                           earlier: Sequence[Sequence[float]] = (), metric: str = "", previous_sweep: str = "",
+                           alpha: float = 0.01, min_effect: float = 0.01) -> ReferenceShift:
+    """`reference_shift` with the trial as the unit (as `trial_ratio`): the reference's trials tonight against its
+    trials on its previous control night, the interval from the pooled trial-to-trial spread."""
+    if not _trial_means(previous):
+        return ReferenceShift(metric, previous_sweep, math.nan, math.nan, math.nan, math.nan, False,
+                              "no earlier night of this reference")
+    r = trial_ratio(tonight, previous, +1, earlier=earlier, metric=metric, alpha=alpha, min_effect=min_effect)
+    if not math.isfinite(r.p_value):
+        return ReferenceShift(metric, previous_sweep, r.ratio, math.nan, math.nan, math.nan, False, r.reason)
+    moved = r.p_value < alpha and abs(r.ratio - 1) >= min_effect
+    return ReferenceShift(metric, previous_sweep, r.ratio, r.low, r.high, r.p_value, moved)
 
 
 @dataclass

@@ -40,7 +40,8 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 
 from jbench.analysis.paired import (ControlVerdict, NightRatio, NoiseBudget, ReferenceShift, Spread, control_verdict,
-                                     direction, night_ratio, noise_budget, reference_shift, within_night_spread)
+                                     direction, noise_budget, reference_shift_trials, trial_ratio,
+                                     within_night_spread)
 from jbench.core.results import Status
 from jbench.core.schema import FarmConfig
 from jbench.core.trial import Trial, short_label
@@ -237,11 +238,7 @@ def earlier_spreads(runs: Optional[pd.DataFrame], samples: Callable[[list[str], 
     order = mine.sort_values("start_time", kind="stable") if "start_time" in mine.columns else mine
     newest = list(dict.fromkeys(order["tags.jbench.sweep_id"]))[-nights:]
     mine = mine[mine["tags.jbench.sweep_id"].isin(newest)]
-    unit = mine["tags.device.unit"] if "tags.device.unit" in mine.columns else None
-    if unit is None or unit.isna().all():
-        unit = mine["tags.device.name"] if "tags.device.name" in mine.columns else pd.Series("", index=mine.index)
-    keys = list(zip(mine["tags.jbench.sweep_id"], unit.fillna("").astype(str), mine["tags.jbench.config_hash"],
-                    mine["run_id"]))
+    keys = list(zip(mine["tags.jbench.sweep_id"], _units(mine), mine["tags.jbench.config_hash"], mine["run_id"]))
     out = []
     for metric in METRICS:
         series = samples([k[3] for k in keys], f"{metric}_rep")
@@ -254,6 +251,40 @@ def earlier_spreads(runs: Optional[pd.DataFrame], samples: Callable[[list[str], 
             if spread.dof:
                 out.append(spread)
     return out
+
+
+def _units(runs: pd.DataFrame) -> pd.Series:
+    """Each run's unit (`device.unit`, else `device.name`) as a string."""
+    unit = runs["tags.device.unit"] if "tags.device.unit" in runs.columns else None
+    if unit is None or unit.isna().all():
+        unit = runs["tags.device.name"] if "tags.device.name" in runs.columns else pd.Series("", index=runs.index)
+    return unit.fillna("").astype(str)
+
+
+def earlier_trial_means(runs: Optional[pd.DataFrame], samples: Callable[[list[str], str], dict[str, list[float]]],
+                        config_hash: str, unit: str, metric: str, sweep_id: str, *,
+                        nights: int = BUDGET_NIGHTS) -> list[list[float]]:
+    """ln trial means of `metric` on this unit over the configuration's newest `nights` earlier nights, one group
+    per build and night (both builds): what trial_ratio pools its trial-to-trial spread from."""
+    cols = ("tags.jbench.config_hash", "tags.jbench.sweep_id", "status", "run_id")
+    if runs is None or len(runs) == 0 or not all(c in runs.columns for c in cols):
+        return []
+    mine = runs[runs["tags.jbench.config_hash"].isin([config_hash, reference_hash(config_hash)])
+                & (runs["status"] == "FINISHED") & runs["tags.jbench.sweep_id"].notna()
+                & (runs["tags.jbench.sweep_id"] != sweep_id)]
+    if mine.empty:
+        return []
+    mine = mine[_units(mine) == unit]
+    order = mine.sort_values("start_time", kind="stable") if "start_time" in mine.columns else mine
+    newest = list(dict.fromkeys(order["tags.jbench.sweep_id"]))[-nights:]
+    mine = mine[mine["tags.jbench.sweep_id"].isin(newest)]
+    series = samples(list(mine["run_id"]), f"{metric}_rep")
+    groups: dict[tuple[str, str], list[float]] = {}
+    for night, h, run_id in zip(mine["tags.jbench.sweep_id"], mine["tags.jbench.config_hash"], mine["run_id"]):
+        logs = [math.log(v) for v in (series.get(run_id) or []) if v is not None and math.isfinite(v) and v > 0]
+        if logs:
+            groups.setdefault((night, h), []).append(sum(logs) / len(logs))
+    return [g for g in groups.values() if len(g) >= 2]
 
 
 def budgets(plan: Plan, control: ControlSetup, farm: FarmConfig, runs: Optional[pd.DataFrame],
@@ -318,9 +349,9 @@ def budget_tags(chosen: dict[str, NoiseBudget]) -> str:
 # --- judging a night ----------------------------------------------------------------------------------------------
 
 
-def _rates(outcomes: Sequence[Any], metric: str) -> dict[tuple[str, str, str], list[float]]:
-    """{(unit, config hash of the build under test, role): every FINISHED repetition's rate of that night}."""
-    out: dict[tuple[str, str, str], list[float]] = {}
+def _trials(outcomes: Sequence[Any], metric: str) -> dict[tuple[str, str, str], list[list[float]]]:
+    """{(unit, config hash of the build under test, role): each FINISHED trial's per-repetition rates that night}."""
+    out: dict[tuple[str, str, str], list[list[float]]] = {}
     for o in outcomes:
         if o.status != Status.FINISHED or o.record is None:
             continue
@@ -328,7 +359,8 @@ def _rates(outcomes: Sequence[Any], metric: str) -> dict[tuple[str, str, str], l
         role = REFERENCE if is_reference_hash(h) else TEST
         base = h[:-len(REFERENCE_SUFFIX)] if role == REFERENCE else h
         values = o.record.stepped.get(f"{metric}_rep") or []
-        out.setdefault((str(o.device or ""), base, role), []).extend(float(v) for v in values)
+        if values:
+            out.setdefault((str(o.device or ""), base, role), []).append([float(v) for v in values])
     return out
 
 
@@ -384,18 +416,20 @@ def judge(outcomes: Sequence[Any], control: ControlSetup, *, sweep_id: str, runs
     labels = _labels(outcomes)
     out: list[ControlVerdict] = []
     for metric in METRICS:
-        rates = _rates(outcomes, metric)
-        units = sorted({u for (u, h, _) in rates if h in control.covered})
+        trials = _trials(outcomes, metric)
+        units = sorted({u for (u, h, _) in trials if h in control.covered})
         for unit in units:
             for h in control.covered:
-                test, ref = rates.get((unit, h, TEST), []), rates.get((unit, h, REFERENCE), [])
+                test, ref = trials.get((unit, h, TEST), []), trials.get((unit, h, REFERENCE), [])
                 if not test and not ref:
                     continue
-                paired = night_ratio(test, ref, direction(metric), metric=metric, alpha=alpha, min_effect=min_effect)
+                earlier = earlier_trial_means(runs, samples, h, unit, metric, sweep_id)
+                paired = trial_ratio(test, ref, direction(metric), earlier=earlier, metric=metric, alpha=alpha,
+                                     min_effect=min_effect)
                 previous, ids = previous_reference(runs, unit, h, sweep_id, control.reference)
-                before = [v for series in samples(ids, f"{metric}_rep").values() for v in series] if ids else []
-                shift = reference_shift(before, ref, metric=metric, previous_sweep=previous, alpha=alpha,
-                                        min_effect=min_effect)
+                before = list(samples(ids, f"{metric}_rep").values()) if ids else []
+                shift = reference_shift_trials(before, ref, earlier=earlier, metric=metric, previous_sweep=previous,
+                                               alpha=alpha, min_effect=min_effect)
                 out.append(control_verdict(unit, h, labels.get(h, h), paired, shift, void=void))
     return out
 
@@ -425,5 +459,5 @@ __all__ = ["REFERENCE_SUFFIX", "ROLE_KEY", "TEST", "REFERENCE", "RUN_TAG", "TAG_
            "TAG_REFERENCE_COMMIT", "TAG_PROMOTED", "TAG_PROMOTED_COMMIT", "TAG_VERDICTS", "Reference", "ControlSetup",
            "ControlVerdict", "NightRatio", "ReferenceShift", "reference_hash", "is_reference_hash",
            "accepted_reference", "control_due", "setup", "control_plan", "judge", "previous_reference",
-           "replaced_in_place", "tonight_build", "verdict_tags", "TAG_REPETITIONS", "RUN_TAG_REPETITIONS",
+           "replaced_in_place", "tonight_build", "verdict_tags", "earlier_trial_means", "TAG_REPETITIONS", "RUN_TAG_REPETITIONS",
            "BUDGET_NIGHTS", "earlier_spreads", "budgets", "with_repetitions", "budget_tags"]
