@@ -422,8 +422,14 @@ def test_the_nightly_plans_the_control_before_any_device_and_refuses_a_reference
     job = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
                   overrides=[*common, "backend.binary_dir=/b/test", "farm.reference=/b/ref"])
     assert job.control.on and job.control.reference.binary_dir == "/b/ref"
+    # A control night runs farm.control_rounds (4) rounds: T R R T T R R T, the configured repetitions spread.
     assert [(t.round, t.config["backend"]["binary_dir"]) for t in job.plan.trials] == \
-        [(1, "/b/test"), (1, "/b/ref"), (2, "/b/ref"), (2, "/b/test")]
+        [(1, "/b/test"), (1, "/b/ref"), (2, "/b/ref"), (2, "/b/test"),
+         (3, "/b/test"), (3, "/b/ref"), (4, "/b/ref"), (4, "/b/test")]
+    assert sum(t.cfg.backend.repetitions for t in job.plan.trials if t.config_hash == job.control.covered[0]) >= 4
+    two = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
+                  overrides=[*common, "backend.binary_dir=/b/test", "farm.reference=/b/ref", "farm.control_rounds=2"])
+    assert [t.round for t in two.plan.trials] == [1, 1, 2, 2]
     off = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
                   overrides=[*common, "farm.reference=/b/ref", "farm.control_every=0"])
     assert not off.control.on and len(off.plan.trials) == 2
@@ -446,7 +452,7 @@ def test_the_nightly_sizes_each_configuration_from_its_earlier_nights_in_the_sto
     conf, results = _conf(tmp_path), tmp_path / "r"
     unloadable_gguf(tmp_path / "Q4_0.gguf")
     common = [*COMMON, "model.source=files", f"model.path_template='{tmp_path}/{{quant}}.gguf'",
-              "backend.binary_dir=/b/test", "farm.reference=/b/ref"]
+              "backend.binary_dir=/b/test", "farm.reference=/b/ref", "farm.control_rounds=2"]
     first = Nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results, overrides=common)
     [h] = first.budgets
     assert not first.budgets[h].chosen and "no earlier night" in first.budgets[h].reason
@@ -487,7 +493,7 @@ def test_the_paired_nightly_fails_a_slow_builds_first_night_and_passes_the_same_
     # Night 1: no reference accepted yet (no control); tonight's build is accepted as the reference.
     md = tmp_path / "n1.md"
     res = jbench_cli(["nightly", CLASS, "--experiment", EXPERIMENT, "--config-dir", str(conf), "--markdown", str(md),
-                      "--promote-reference", *COMMON, f"backend.binary_dir={good}"],
+                      "--promote-reference", *COMMON, "farm.control_rounds=2", f"backend.binary_dir={good}"],
                      env_extra={"JBENCH_RESULTS_DIR": str(results)})
     assert res.returncode == ExitCode.NO_VERDICT, res.stdout + res.stderr
     text = md.read_text()
@@ -496,7 +502,7 @@ def test_the_paired_nightly_fails_a_slow_builds_first_night_and_passes_the_same_
     # Night 2: the SIMD-less build under test beside the accepted reference: it fails on its first night.
     junit = tmp_path / "n2.xml"
     night2 = run_nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results, junit=junit,
-                         overrides=[*COMMON, f"backend.binary_dir={slow}"], confirm=False)
+                         overrides=[*COMMON, "farm.control_rounds=2", f"backend.binary_dir={slow}"], confirm=False)
     assert night2.exit_code == ExitCode.FAILED, night2.markdown
     assert night2.control.on and night2.control.reference.binary_dir == good
     decode = next(v for v in night2.control_verdicts if v.metric == "decode_tps")
@@ -508,7 +514,7 @@ def test_the_paired_nightly_fails_a_slow_builds_first_night_and_passes_the_same_
     # Night 3: the accepted build itself under test: the pair holds, and the night passes (the absolute series
     # sees a rise against night 2, no regression).
     night3 = run_nightly(CLASS, experiment=EXPERIMENT, config_dirs=[conf], results_dir=results,
-                         overrides=[*COMMON, f"backend.binary_dir={good}"], confirm=False)
+                         overrides=[*COMMON, "farm.control_rounds=2", f"backend.binary_dir={good}"], confirm=False)
     assert night3.exit_code == ExitCode.OK, night3.markdown
     decode = next(v for v in night3.control_verdicts if v.metric == "decode_tps")
     assert decode.verdict in (NO_CHANGE, ENV_CHANGE) and 0.9 < decode.paired.ratio < 1.1, night3.markdown

@@ -521,6 +521,9 @@ class FarmConfig:
     # Only the configurations matching one of these rules (keys to a value or a list, as sweep.exclude) get the
     # control; empty: every configuration.
     control_only: List[Dict[str, Any]] = nonident(default_factory=list)
+    # A control night runs the matrix in at least this many rounds (T R R T per pair of rounds): the paired ratio is
+    # judged on trials, so more trials per build narrow its interval (docs/farm.md, "Same-night control").
+    control_rounds: int = nonident(4, metadata=bounded(2))
     # The noise budget of a control night: each covered configuration's repetitions per build chosen from its
     # earlier nights' within-night spread so that the paired ratio's (1 - alpha) interval (alpha: the nightly's
     # --confirm-alpha) is at most +- this many percent, within [min_repetitions, max_repetitions]; null: the

@@ -65,6 +65,7 @@ def _start_sampler(ctx: TrialContext) -> Sampler:
 def measure(ctx: TrialContext) -> None:
     """Run the backend with telemetry; leaves ctx.backend_result and adds energy to ctx.record."""
     tele, backend, trial, log = ctx.cfg.telemetry, ctx.backend, ctx.trial, ctx.log
+    stage_start = time.monotonic()  # measure_wall_s: from the sampler's start (its first samples) on
     sampler = _start_sampler(ctx)
     try:
         wall = _start_wall(ctx)
@@ -91,7 +92,6 @@ def measure(ctx: TrialContext) -> None:
     matches: dict[str, SpeedMatch] = {}  # phase -> how its energy pass's speed compares with the speed pass
     sources: dict[str, str] = {}  # phase -> where its energy window came from, in words
     waits: dict[str, str] = {}
-    stage_start = time.monotonic()
     try:
         wall_interval = wall.sampler.interval if wall is not None and wall.sampler is not None else 0.0
         idle = _idle_window(ctx, sampler, wall_interval, waits)

@@ -194,6 +194,28 @@ def setup(plan: Plan, device_class: str, farm: FarmConfig, parents: Optional[pd.
     return ControlSetup(ref, True, covered=sorted({t.config_hash for t in tests}))
 
 
+def with_control_rounds(plan: Plan, control: ControlSetup, rounds: int) -> Plan:
+    """A control night's plan with at least `rounds` rounds (farm.control_rounds), each configuration's repetitions
+    spread over them as sweep.rounds spreads them. The paired ratio's interval comes from the trial-to-trial
+    spread (jbench.analysis.paired.trial_ratio), so trials per build narrow it where repetitions cannot: on the
+    GPU host 2 rounds found a 2 % decode step within three nights in 30-100 % of histories, 4 rounds in all of
+    them (docs/PERFORMANCE.md). Unchanged when the control is off or the plan has that many rounds already."""
+    if not control.on or control.reference is None or plan.rounds >= rounds:
+        return plan
+    base = []
+    for t in plan.trials:
+        if t.round != 1:
+            continue
+        reps = getattr(t.cfg.backend, "repetitions", None)
+        if isinstance(reps, int) and not isinstance(reps, bool):
+            total = reps * plan.rounds
+            t = dataclasses.replace(t, index=0, config=with_changes(t.config, {"backend.repetitions": total})).with_cfg(
+                dataclasses.replace(t.cfg, backend=dataclasses.replace(t.cfg.backend, repetitions=total)))
+        base.append(t)
+    return dataclasses.replace(plan, trials=replicate(base, rounds), rounds=rounds,
+                               sweep=dataclasses.replace(plan.sweep, rounds=rounds))
+
+
 def control_plan(plan: Plan, control: ControlSetup) -> Plan:
     """The nightly's plan with a reference trial beside each covered test trial: test first in odd rounds,
     reference first in even ones (module doc). Unchanged when the control is off."""
@@ -459,5 +481,5 @@ __all__ = ["REFERENCE_SUFFIX", "ROLE_KEY", "TEST", "REFERENCE", "RUN_TAG", "TAG_
            "TAG_REFERENCE_COMMIT", "TAG_PROMOTED", "TAG_PROMOTED_COMMIT", "TAG_VERDICTS", "Reference", "ControlSetup",
            "ControlVerdict", "NightRatio", "ReferenceShift", "reference_hash", "is_reference_hash",
            "accepted_reference", "control_due", "setup", "control_plan", "judge", "previous_reference",
-           "replaced_in_place", "tonight_build", "verdict_tags", "earlier_trial_means", "TAG_REPETITIONS", "RUN_TAG_REPETITIONS",
+           "replaced_in_place", "tonight_build", "verdict_tags", "earlier_trial_means", "with_control_rounds", "TAG_REPETITIONS", "RUN_TAG_REPETITIONS",
            "BUDGET_NIGHTS", "earlier_spreads", "budgets", "with_repetitions", "budget_tags"]

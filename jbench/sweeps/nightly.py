@@ -323,6 +323,7 @@ class Nightly:
         farm = self.plan.pool.farm if self.plan.pool is not None else self.plan.trials[0].cfg.farm
         try:
             self.control = ctl.setup(self.plan, device_class, farm, None if self.store.spool else self._parents(self.uri))
+            self.plan = ctl.with_control_rounds(self.plan, self.control, farm.control_rounds)
             # The noise budget: the covered configurations' repetitions from their earlier nights' spread.
             self.budgets = self._budgets(farm)
         except ValueError as exc:
