@@ -213,10 +213,12 @@ def test_a_planted_sudo_password_appears_nowhere(emulated_jetson_factory, tmp_pa
     emu = emulated_jetson_factory("orin_nano_super", sudo_password=secret, reboot_delay_s=0.5, reboot_grace_s=0.2)
     conf = write_conf(tmp_path, emu, sudo_password_env="JB_TEST_SUDO_PW")
     results = tmp_path / "r"
+    # tegrastats runs (through sudo) beside each trial; the energy passes would only run llama-bench longer.
     argv = _sweep_argv(conf, llama_build, *_SHORT[:0], "backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2",
-                       "power.mode=7W,MAXN_SUPER", "power.jetson_clocks=true", "power.allow_reboot=true",
-                       "power.reboot_timeout_s=60", "telemetry.source=tegrastats", "telemetry.interval_ms=100",
-                       "telemetry.idle_s=1", "telemetry.cooldown_s=0")
+                       "backend.threads=1", "power.mode=7W,MAXN_SUPER", "power.jetson_clocks=true",
+                       "power.allow_reboot=true", "power.reboot_timeout_s=60", "telemetry.source=tegrastats",
+                       "telemetry.interval_ms=100", "telemetry.idle_s=1", "telemetry.cooldown_s=0",
+                       "telemetry.energy_pass=false")
     argv = [a for a in argv if a not in ("backend.n_prompt=512", "backend.n_gen=256", "backend.repetitions=50")]
     env = dict(os.environ, JBENCH_RESULTS_DIR=str(results), COLUMNS="200", JB_TEST_SUDO_PW=secret)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

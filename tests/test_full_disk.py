@@ -22,8 +22,9 @@ from .conftest import finished_trial_runs, jbench_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # The ladder's speed and store writes are what a full disk tests; its quality stage is not (tests/test_quality.py).
+# One llama.cpp thread: llama-bench's spinning threads stall each other on cores that other tests share.
 SWEEP = ["sweep", "+experiment=quant_ladder", "backend.n_prompt=16", "backend.n_gen=32", "backend.repetitions=3",
-         "device.lease_wait_s=600", "quality.enabled=false"]
+         "backend.threads=1", "device.lease_wait_s=600", "quality.enabled=false"]
 
 
 @contextlib.contextmanager

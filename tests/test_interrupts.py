@@ -23,8 +23,10 @@ from .conftest import finished_trial_runs, jbench_cli, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+# One llama.cpp thread: llama-bench's spinning threads stall each other on cores that other tests share.
 SWEEP = ["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q4_K_M,Q8_0", "backend.n_prompt=16",
-         "backend.n_gen=32", "backend.repetitions=3", "device.lease_wait_s=600", "quality.enabled=false"]
+         "backend.n_gen=32", "backend.repetitions=3", "backend.threads=1", "device.lease_wait_s=600",
+         "quality.enabled=false"]
 
 
 def _descendant_named(pid: int, name: str) -> bool:

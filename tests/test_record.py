@@ -19,8 +19,10 @@ from .conftest import jbench_cli, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# Other sweeps on this machine may hold the local device's lease for a moment: wait for it.
-TINY = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=1", "device.lease_wait_s=600"]
+# Other sweeps on this machine may hold the local device's lease for a moment: wait for it. One llama.cpp thread:
+# llama-bench's spinning threads stall each other on cores that other tests share (these tests are about the record).
+TINY = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=1", "backend.threads=1",
+        "device.lease_wait_s=600"]
 
 
 def _client(results: Path) -> MlflowClient:
@@ -108,8 +110,8 @@ def test_a_quant_ladder_reads_as_mlflow_users_expect(tmp_path, llama_build, bund
 def test_a_sweep_resumed_after_ctrl_c_is_one_sweep(tmp_path, llama_build, bundled_model):
     env = dict(os.environ, JBENCH_RESULTS_DIR=str(tmp_path), COLUMNS="200")
     argv = ["sweep", "+experiment=quant_ladder", "model.quant=Q4_0,Q4_K_M,Q8_0",
-            "backend.n_prompt=16", "backend.n_gen=32", "backend.repetitions=3", "device.lease_wait_s=600",
-            "quality.enabled=false"]
+            "backend.n_prompt=16", "backend.n_gen=32", "backend.repetitions=3", "backend.threads=1",
+            "device.lease_wait_s=600", "quality.enabled=false"]
     exe = str(Path(sys.executable).with_name("jbench"))
     proc = subprocess.Popen([exe, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     db = tmp_path / "mlflow.db"

@@ -26,10 +26,15 @@ from .conftest import TESTS, jbench_cli
 pytestmark = pytest.mark.e2e
 
 JBENCH = str(Path(sys.executable).with_name("jbench"))
-TINY = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "device.lease_wait_s=600"]
+# One llama.cpp thread: llama-bench's spinning threads stall each other on cores that other tests share (these tests
+# are about what a sweep prints, not its speed).
+TINY = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "backend.threads=1",
+        "device.lease_wait_s=600"]
 # One quality reference for every sweep of this module: the reference is otherwise the sweep's highest-precision
 # quant, so Q4_0 alone (its own reference) and Q4_0 beside Q8_0 would be two quality identities, and no resume.
-LADDER = ["sweep", "+experiment=quant_ladder", *TINY, "quality.reference=Q8_0"]
+# The smallest context that scores the 100 tokens llama-perplexity needs (quality.context / 2 - 1 a chunk): the
+# ladder's KLD column is in the tables these tests read, its precision is not.
+LADDER = ["sweep", "+experiment=quant_ladder", *TINY, "quality.reference=Q8_0", "quality.context=256"]
 UNPARSEABLE = TESTS / "fixtures" / "unparseable_llamacpp"  # a llama-bench that prints no records: a FAILED trial
 
 
@@ -257,7 +262,7 @@ def test_latency_scenario_summary_shows_ttft_itl_and_e2e(tmp_path, llama_build, 
 
 
 def test_a_sweep_of_both_scenarios_prints_a_table_for_each(tmp_path, llama_build, bundled_model):
-    rc, out, err = _piped(["sweep", "backend.scenario=bench,latency", "model.quant=Q4_0", "backend.threads=1",
+    rc, out, err = _piped(["sweep", "backend.scenario=bench,latency", "model.quant=Q4_0",  # TINY: one thread
                            "backend.latency_requests=4", "backend.latency_warmup_requests=1", *TINY],
                           tmp_path / "results")
     assert rc == 0, out + err

@@ -14,11 +14,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from .conftest import jbench_cli
+from .test_interrupts import _descendant_named
 from .team_store import team_store  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=1", "device.lease_wait_s=600"]
+# One llama.cpp thread: llama-bench's spinning threads stall each other on cores that other tests share, and these
+# tests are about the records, not the speed.
+SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=1", "backend.threads=1",
+         "device.lease_wait_s=600"]
 EXPERIMENT = "team"
 
 
@@ -116,8 +120,9 @@ def test_server_killed_each_controller_spools_and_syncs_once(team_store, llama_b
     password = "s3cret-Pa55"
     uri = f"http://alice:{password}@127.0.0.1:{team_store.port}"
     experiment = "team-outage"
-    args = ["model.quant=Q4_0,Q8_0,Q4_K_M", f"tracking.experiment_name={experiment}", "backend.n_prompt=64",
-            "backend.n_gen=64", "backend.repetitions=3", "device.lease_wait_s=600"]
+    # Trials of a few seconds: the server dies while the first controller's second trial measures.
+    args = ["model.quant=Q4_0,Q8_0,Q4_K_M", f"tracking.experiment_name={experiment}", "backend.n_prompt=16",
+            "backend.n_gen=16", "backend.repetitions=3", "backend.threads=1", "device.lease_wait_s=600"]
     results = [tmp_path / "a", tmp_path / "b"]
     procs = [_sweep(args, r, uri) for r in results]
     try:
@@ -127,6 +132,12 @@ def test_server_killed_each_controller_spools_and_syncs_once(team_store, llama_b
             assert all(p.poll() is None for p in procs), "a sweep ended before the first trial was recorded"
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        # Killed while a trial measures (no write starts then: the Recorder is quiet, and the other controller
+        # waits for the device), not in the middle of the request that recorded the first trial.
+        while not any(_descendant_named(p.pid, "llama-bench") for p in procs):
+            assert all(p.poll() is None for p in procs), "a sweep ended before its second trial measured"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         team_store.kill_server()
         outs = [p.communicate(timeout=900) for p in procs]
     finally:

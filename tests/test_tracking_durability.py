@@ -19,11 +19,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from .conftest import jbench_cli
+from .test_interrupts import _descendant_named
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# Other test sessions share the local device: wait for its lease instead of failing.
-SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "device.lease_wait_s=600"]
+# Other test sessions share the local device: wait for its lease instead of failing. One llama.cpp thread: on a
+# machine whose cores other tests share, llama-bench's spinning threads would stall each other (the tests here are
+# about the store, not the speed).
+SMALL = ["backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2", "backend.threads=1",
+         "device.lease_wait_s=600"]
 
 
 def _free_port() -> int:
@@ -112,9 +116,11 @@ def test_server_killed_mid_sweep_is_spooled_and_synced_once(tmp_path, llama_buil
     server = _server(tmp_path, port)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "JBENCH_RESULTS_DIR": str(results), "COLUMNS": "200"}
     exe = Path(sys.executable).with_name("jbench")
-    # Trials long enough (a few seconds each) that the server dies while the second one measures.
-    sweep = subprocess.Popen([str(exe), "sweep", "model.quant=Q4_0,Q8_0,Q4_K_M", "backend.n_prompt=64",
-                              "backend.n_gen=64", "backend.repetitions=4", "device.lease_wait_s=600"],
+    # Trials of a few seconds each (the server dies while the second one measures); four repetitions, each of which
+    # must reach the server once.
+    sweep = subprocess.Popen([str(exe), "sweep", "model.quant=Q4_0,Q8_0,Q4_K_M", "backend.n_prompt=16",
+                              "backend.n_gen=16", "backend.repetitions=4", "backend.threads=1",
+                              "device.lease_wait_s=600"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 300
@@ -122,6 +128,12 @@ def test_server_killed_mid_sweep_is_spooled_and_synced_once(tmp_path, llama_buil
             assert sweep.poll() is None, "the sweep ended before its first trial was recorded"
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        # Killed while the next trial measures (no write starts then: the Recorder is quiet), not in the middle of
+        # the request that recorded the first one.
+        while not _descendant_named(sweep.pid, "llama-bench"):
+            assert sweep.poll() is None, "the sweep ended before its second trial measured"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         _kill(server)
         out, err = sweep.communicate(timeout=300)
     finally:
