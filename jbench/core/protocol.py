@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 PROTOCOL_CHANGES = {
     1: "the protocol as of jbench 0.2: llama-bench speed pass (-r repetitions after its own warm-up), energy passes "
        "for phases shorter than energy.min_window_s, idle and cooldown windows, device-clock phase windows",
@@ -22,6 +22,10 @@ PROTOCOL_CHANGES = {
     3: "settled speed: llama-bench runs backend.settle_repetitions more timed repetitions in the same context and "
        "the leading ones whose rate had not settled are set aside ({phase}_cold_repetitions, {phase}_cold_tps); "
        "{phase}_tps and the phase's energy window cover the settled repetitions only",
+    4: "lean energy: a phase's energy comes from the speed pass when its window's edge-error bound is within "
+       "energy.max_edge_error, else from an energy pass sized to the window that meets it (no fixed "
+       "energy.min_window_s); a window over the bound gives no energy; the idle baseline and the cooldown end when "
+       "power settles (telemetry.adaptive); NVML power and its energy counter read every telemetry.hwmon_interval_ms",
 }
 
 STORE_FORMAT = 1
