@@ -206,8 +206,8 @@ def with_control_rounds(plan: Plan, control: ControlSetup, rounds: int) -> Plan:
     for t in plan.trials:
         if t.round != 1:
             continue
-        reps = getattr(t.cfg.backend, "repetitions", None)
-        if isinstance(reps, int) and not isinstance(reps, bool):
+        reps = _repetitions(t)
+        if reps is not None:
             total = reps * plan.rounds
             t = dataclasses.replace(t, index=0, config=with_changes(t.config, {"backend.repetitions": total})).with_cfg(
                 dataclasses.replace(t.cfg, backend=dataclasses.replace(t.cfg.backend, repetitions=total)))
@@ -341,10 +341,19 @@ def budgets(plan: Plan, control: ControlSetup, farm: FarmConfig, runs: Optional[
     return out
 
 
+def _repetitions(trial: Trial) -> Optional[int]:
+    """The trial's backend.repetitions; None for a backend without a repetition count (base.TokenCounts)."""
+    try:
+        reps = trial.cfg.backend.repetitions
+    except AttributeError:
+        return None
+    return reps if isinstance(reps, int) and not isinstance(reps, bool) else None
+
+
 def _configured(trial: Trial) -> Optional[int]:
     """The configuration's repetitions per build and night as planned: each of its R rounds runs its share."""
-    reps = getattr(trial.cfg.backend, "repetitions", None)
-    return reps * trial.rounds if isinstance(reps, int) and not isinstance(reps, bool) else None
+    reps = _repetitions(trial)
+    return reps * trial.rounds if reps is not None else None
 
 
 def with_repetitions(plan: Plan, chosen: dict[str, NoiseBudget]) -> Plan:
