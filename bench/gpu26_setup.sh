@@ -1,5 +1,5 @@
 # Shared set-up of the GPU-host benchmarks of issue 26 (sourced by bench/lean_energy_device.sh and
-# bench/nightly_paired_device.sh): jbench and its dependencies in $W/site (and the "before" jbench in $W/site-old
+# bench/nightly_paired_device.sh, bench/settle_device.sh): jbench and its dependencies in $W/site (and the "before" jbench in $W/site-old
 # when $GPU_DIR/before has one), the CUDA llama.cpp build in $W/build/bin ($B), the model ladder in $W/ladder.
 # Idempotent: a warm machine keeps all of it. Sets ROOT, G, W, B, T0, OUT.
 ROOT=$PWD; G=${GPU_DIR:-$ROOT/.gpu26}; W=/root/jb26; mkdir -p $W/ladder $W/site $W/wheels; B=$W/build/bin; T0=$(date +%s)

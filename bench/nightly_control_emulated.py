@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.local_class import local_class_conf  # noqa: E402
 
 CLASS = "cpu_host"
 EXPERIMENT = "control_bench"
@@ -52,18 +52,9 @@ COMMON = ["telemetry.source=none", "thermal.start_below_c=null", "quality.enable
 
 
 def _conf(work: Path, rounds: int) -> Path:
-    conf = work / "conf"
-    (conf / "device").mkdir(parents=True)
-    (conf / "experiment").mkdir()
-    (conf / "device" / "host1.yaml").write_text(yaml.safe_dump({
-        "defaults": ["device_schema", "_self_"], "name": "host1", "kind": "local", "device_class": CLASS,
-        "paths": {"state_dir": "${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}"}}))
-    (conf / "experiment" / f"{EXPERIMENT}.yaml").write_text("# @package _global_\n" + yaml.safe_dump({
-        "experiment": {"name": EXPERIMENT, "description": "one small configuration, the control's figures"},
-        "model": {"quant": "Q4_0"}, "sweep": {"rounds": rounds},
-        # One thread: a share of one core, so that a busy process beside it slows it by a clear amount.
-        "backend": {"name": "llamacpp", "n_prompt": 32, "n_gen": 16, "repetitions": 6, "threads": 1}}))
-    return conf
+    # One thread: a share of one core, so that a busy process beside it slows it by a clear amount.
+    return local_class_conf(work / "conf", CLASS, EXPERIMENT, "one small configuration, the control's figures",
+                            rounds=rounds, backend={"n_prompt": 32, "n_gen": 16, "repetitions": 6, "threads": 1})
 
 
 def _build_dir(work: Path, name: str, bin_dir: str) -> str:

@@ -12,25 +12,8 @@
 # usage: bash bench/settle_device.sh      (OUT: where the figures land; the run tool sets it)
 set -u
 export PYTHONUNBUFFERED=1
-ROOT=$PWD; G=${GPU_DIR:-$ROOT/.gpu26}; W=/root/jb26; mkdir -p $W/ladder $W/site $W/wheels; B=$W/build/bin; T0=$(date +%s)
-for f in $ROOT/.whl/*.whl $G/jbench-*.whl; do ln -sf $f $W/wheels/; done
-python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site $W/wheels/*.whl || exit 1
-export PYTHONPATH=$W/site PATH=$W/site/bin:$PATH
-(cd $W && python3 -c "import jbench, pynvml, mlflow, hydra, pandas; from mlflow.tracking import MlflowClient; print('jbench from', jbench.__file__)") || exit 1
-if [ ! -x $B/llama-bench ]; then
-  rm -rf $W/src; mkdir -p $W/src && tar -xJf $G/llama.cpp.tar.xz -C $W/src
-  cmake -S $W/src/llama.cpp -B $W/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMIT=0c1e57098 > $W/cmake.log 2>&1 || { tail -40 $W/cmake.log; exit 1; }
-  cmake --build $W/build -j 16 --target llama-bench llama-quantize > $W/build.log 2>&1 || { tail -40 $W/build.log; exit 1; }
-  echo "build done at $(( $(date +%s) - T0 )) s"
-fi
-if [ ! -f $W/ladder/F16.gguf ]; then
-  xz -dc $G/gemma3_270m_F16_header.gguf.xz > $W/hdr.gguf
-  python3 bench/gpu_roofline/fill_model.py $W/hdr.gguf $W/ladder/F16.gguf 542833344 || exit 1
-fi
-for q in Q4_0 Q8_0; do [ -f $W/ladder/$q.gguf ] || $B/llama-quantize $W/ladder/F16.gguf $W/ladder/$q.gguf $q > /dev/null 2>&1 & done; wait
-echo "models at $(( $(date +%s) - T0 )) s"
+source bench/gpu26_setup.sh || exit 1
+export PYTHONPATH=$W/site
 export JBENCH_CACHE_DIR=$W/cache
 COMMON=(+experiment=quant_ladder backend.binary_dir=$B model.source=files "model.path_template='$W/ladder/{quant}.gguf'"
         model.quant=Q4_0,Q8_0,F16 telemetry.source=nvml quality.enabled=false)

@@ -29,6 +29,7 @@ from jbench.sweeps import control as ctl
 from jbench.sweeps.plan import Plan
 
 from .conftest import jbench_cli
+from .local_class import local_class_conf
 
 # --- the paired ratio (pure, synthetic rates) ---------------------------------------------------------------------
 
@@ -390,18 +391,9 @@ COMMON = ["telemetry.source=none", "thermal.start_below_c=null"]
 
 
 def _conf(tmp_path: Path) -> Path:
-    conf = tmp_path / "conf"
-    (conf / "device").mkdir(parents=True)
-    (conf / "experiment").mkdir()
-    (conf / "device" / "host1.yaml").write_text(yaml.safe_dump({
-        "defaults": ["device_schema", "_self_"], "name": "host1", "kind": "local", "device_class": CLASS,
-        "paths": {"state_dir": "${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}"}}))
-    (conf / "experiment" / f"{EXPERIMENT}.yaml").write_text("# @package _global_\n" + yaml.safe_dump({
-        "experiment": {"name": EXPERIMENT, "description": "one small configuration"},
-        "model": {"quant": "Q4_0"}, "sweep": {"rounds": 2},
-        # One thread: least disturbed by the processes beside it on a small shared machine.
-        "backend": {"name": "llamacpp", "n_prompt": 32, "n_gen": 16, "repetitions": 4, "threads": 1}}))
-    return conf
+    # One thread: least disturbed by the processes beside it on a small shared machine.
+    return local_class_conf(tmp_path / "conf", CLASS, EXPERIMENT, "one small configuration", rounds=2,
+                            backend={"n_prompt": 32, "n_gen": 16, "repetitions": 4, "threads": 1})
 
 
 def _build_dir(tmp_path: Path, name: str, real_bin: str) -> str:

@@ -153,3 +153,30 @@ def test_a_window_shorter_than_a_period_sizes_its_pass_from_its_edges_not_the_wo
     worst = 0.1 / 0.02  # steps as large as the draw at both edges
     assert needed is not None and 0.5 <= needed < worst
     assert "samples in" in why
+
+
+def test_a_slower_wall_meter_sizes_the_energy_pass_when_the_board_would_not():
+    import types
+
+    from jbench.device.telemetry.wall import ClockOffset
+    from jbench.runner.measure import _needs_energy_pass, _Wall
+
+    class Readings:
+        def __init__(self, samples, interval):
+            self.samples, self.interval = samples, interval
+
+        def wait_past(self, t, timeout_s):
+            return True
+
+        def shifted(self, offset_s):
+            return [{**s, "t": s["t"] + offset_s} for s in self.samples]
+
+    ctx = types.SimpleNamespace(cfg=types.SimpleNamespace(telemetry=types.SimpleNamespace(interval_ms=100)))
+    w = PhaseWindow("decode", 1002.0, 1003.0, tokens=300)
+    board = Readings(_square(0.01, 2.0, 3.0), 0.01)
+    assert _needs_energy_pass(ctx, board, w, EnergySettings(), None)[0] is None
+    # The meter reads every 500 ms on the controller, whose clock is 7 s behind the device's.
+    meter = Readings([dict(s, t=s["t"] - 7.0) for s in _square(0.5, 2.0, 3.0)], 0.5)
+    wall = _Wall("shelly", meter, ClockOffset(7.0, 0.001, 0.002, 8))
+    needed, why = _needs_energy_pass(ctx, board, w, EnergySettings(), wall)
+    assert needed is not None and needed > 5 and why.startswith("the wall meter:")

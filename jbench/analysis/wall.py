@@ -14,6 +14,7 @@ import math
 from typing import Optional
 
 from jbench.analysis.energy import window_energy
+from jbench.analysis.sensor import edge_error_bound, sensor_period
 from jbench.analysis.telemetry import EnergySettings, PhaseWindow, _series, counter_energy, phase_window_energy
 
 # A counter is preferred when its quantisation error is at most this share of the window's energy.
@@ -30,8 +31,11 @@ def wall_energy_metrics(samples: list[dict], windows: list[PhaseWindow], setting
     if not times:
         return metrics, {"wall.energy.status": "not measured: the wall meter gave no power samples"}
     bad: dict[str, str] = {}
+    period = sensor_period(times, power)  # the meter's own: a window its edges cannot resolve gives no energy
     for w in windows:
-        we = phase_window_energy(times, power, w, settings)
+        edge = (edge_error_bound(times, power, w.start, w.end, period)
+                if period is not None and w.phase in ("prefill", "decode") else None)
+        we = phase_window_energy(times, power, w, settings, edge)
         metrics[f"{w.phase}_wall_window_samples"] = we.n_samples
         if not math.isnan(we.coverage):
             metrics[f"{w.phase}_wall_energy_coverage"] = we.coverage

@@ -106,7 +106,7 @@ def measure(ctx: TrialContext) -> None:
             pr = result.phases.get(phase)
             if w is None or pr is None:
                 continue
-            needed, why = _needs_energy_pass(ctx, sampler, w, energy)
+            needed, why = _needs_energy_pass(ctx, sampler, w, energy, wall)
             if needed is None:
                 sources[phase] = why
             elif not tele.energy_pass:
@@ -114,7 +114,7 @@ def measure(ctx: TrialContext) -> None:
             elif why == "no power readings":
                 sources[phase] = "no energy pass: the telemetry has no power readings"
             else:
-                w, match = _energy_pass(ctx, sampler, phase, pr, w, needed, why, energy, artifacts, sources)
+                w, match = _energy_pass(ctx, sampler, wall, phase, pr, w, needed, why, energy, artifacts, sources)
                 if match is not None:
                     matches[phase] = match
             windows.append(w)
@@ -160,17 +160,28 @@ def measure(ctx: TrialContext) -> None:
     ctx.record.merge(wall_result)
 
 
-def _needs_energy_pass(ctx: TrialContext, sampler: Sampler, w: PhaseWindow,
-                       energy: EnergySettings) -> tuple[Optional[float], str]:
-    """energy_pass_needed over the readings so far, once they reach past the window's end."""
+def _needs_energy_pass(ctx: TrialContext, sampler: Sampler, w: PhaseWindow, energy: EnergySettings,
+                       wall: Optional["_Wall"]) -> tuple[Optional[float], str]:
+    """energy_pass_needed over the readings so far, once they reach past the window's end; with a wall meter, the
+    longer of the board's and the meter's (on the device's clock): a pass sized for the board alone would leave a
+    slower meter without the phase's energy."""
     sampler.wait_past(w.end, timeout_s=2.0 + 3 * ctx.cfg.telemetry.interval_ms / 1000)
-    return energy_pass_needed(list(sampler.samples), w, energy)
+    needed, why = energy_pass_needed(list(sampler.samples), w, energy)
+    if wall is None or wall.sampler is None or wall.before is None:
+        return needed, why
+    offset = wall.before.offset_s
+    wall.sampler.wait_past(w.end - offset, timeout_s=2.0 + 3 * wall.sampler.interval)
+    wall_needed, wall_why = energy_pass_needed(wall.sampler.shifted(offset), w, energy)
+    if wall_why == "no power readings":
+        return needed, why
+    if wall_needed is not None and (needed is None or why == "no power readings" or wall_needed > needed):
+        return wall_needed, f"the wall meter: {wall_why}"
+    return needed, why
 
 
-def _energy_pass(ctx: TrialContext, sampler: Sampler, phase: str, speed: PhaseResult, speed_window: PhaseWindow,
-                 needed_s: float, why: str,
-                 energy: EnergySettings, artifacts: dict[str, str],
-                 sources: dict[str, str]) -> tuple[PhaseWindow, Optional[SpeedMatch]]:
+def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], phase: str, speed: PhaseResult,
+                 speed_window: PhaseWindow, needed_s: float, why: str, energy: EnergySettings,
+                 artifacts: dict[str, str], sources: dict[str, str]) -> tuple[PhaseWindow, Optional[SpeedMatch]]:
     """Run `phase` alone for the window the sensor needs, at the speed the speed pass measured.
 
     Sized from the speed pass's settled repetition time to `needed_s` (energy_pass_needed), so the pass is as long
@@ -204,7 +215,7 @@ def _energy_pass(ctx: TrialContext, sampler: Sampler, phase: str, speed: PhaseRe
             retries += 1
             log.info("energy pass: %s %s, its repetitions still settling; running it again", phase, match.reason)
             continue
-        again, why_again = _needs_energy_pass(ctx, sampler, w, energy)
+        again, why_again = _needs_energy_pass(ctx, sampler, w, energy, wall)
         if again is None or grown >= 1 or reps >= MAX_ENERGY_REPETITIONS:
             break
         grown += 1
