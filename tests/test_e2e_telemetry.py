@@ -82,13 +82,16 @@ def test_too_short_window_is_nan_with_reason_not_zero(tmp_path, bundled_model):
     res = jbench_cli(["run", "--config-dir", str(conf), "device=bench_orin", "telemetry.source=tegrastats",
                       "telemetry.interval_ms=50", "telemetry.idle_s=0.5", "telemetry.cooldown_s=0",
                       "telemetry.energy_pass=false", "backend.n_prompt=16", "backend.n_gen=4",
-                      "backend.repetitions=2", "model.quant=Q4_0"], env_extra=env)
+                      # This fake draws a flat power, so no edge steps: only a fixed floor makes the window too short
+                      # (the edge-error bound's refusal: tests/test_sensor.py).
+                      "energy.min_window_s=5", "backend.repetitions=2", "model.quant=Q4_0"], env_extra=env)
     assert res.returncode == 0, res.stdout + res.stderr
     _, run = _only_trial(f"sqlite:///{tmp_path}/r/mlflow.db")
     m, tags = run.data.metrics, run.data.tags
     assert "decode_energy_j" not in m and "decode_tokens_per_joule" not in m
     assert "decode:" in tags["energy.status"] and ("shorter than energy.min_window_s" in tags["energy.status"]
                                                    or "too few samples" in tags["energy.status"])
+    assert "telemetry.energy_pass is off" in tags["energy.decode.window"]
     assert m["decode_tps"] > 0  # speed is still measured
 
 
