@@ -325,7 +325,12 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
         # The fingerprint is the trial's own, not the sweep's start: the mode this trial ran in.
         assert tags["jetson.power_mode"].startswith(mode + " ") and tags["jetson.boot_id"]
         assert m["decode_tps"] > 0 and tags["telemetry.source"] == "tegrastats"
-        assert tags["energy.status"] == "ok", tags["energy.status"]
+        bad = {w: tags[f"energy.{w}.status"] for w in ("idle", "prefill", "decode") if tags[f"energy.{w}.status"] != "ok"}
+        assert not bad, bad
+        # The model loads in under half a second here: at 100 ms sampling its window may hold fewer readings than
+        # energy.min_samples, which is said, never given a number.
+        load = tags["energy.load.status"]
+        assert load == "ok" or ("too few samples" in load and "load_energy_j" not in m), load
         assert m["decode_energy_j"] > 0 and m["decode_avg_power_w"] > 0 and m["idle_power_w"] > 0
     assert trials[0].data.tags["power.changes"] == "mode 25W -> MAXN_SUPER; jetson_clocks off -> on"
     assert trials[1].data.tags["power.changes"] == "none"
