@@ -304,7 +304,8 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
                       "model.quant=Q4_0,Q8_0", f"backend.binary_dir={llama_build['bin_dir']}",
                       "backend.n_prompt=16", "backend.n_gen=4", "backend.repetitions=2",
                       "power.mode=MAXN_SUPER,25W", "power.jetson_clocks=true",
-                      "telemetry.source=tegrastats", "telemetry.interval_ms=100", "telemetry.idle_s=1",
+                      # 50 ms: the model loads in under half a second here, and its window needs energy.min_samples.
+                      "telemetry.source=tegrastats", "telemetry.interval_ms=50", "telemetry.idle_s=1",
                       "telemetry.cooldown_s=0", "energy.min_window_s=1",
                       # 4-token repetitions against second-long energy passes: their speeds differ more than the
                       # speed-match rule allows (tests/test_energy_speed_match.py); opened here for the energy checks.
@@ -325,12 +326,7 @@ def test_quant_ladder_over_ssh_with_power_state_and_telemetry(orin_nano_super, t
         # The fingerprint is the trial's own, not the sweep's start: the mode this trial ran in.
         assert tags["jetson.power_mode"].startswith(mode + " ") and tags["jetson.boot_id"]
         assert m["decode_tps"] > 0 and tags["telemetry.source"] == "tegrastats"
-        bad = {w: tags[f"energy.{w}.status"] for w in ("idle", "prefill", "decode") if tags[f"energy.{w}.status"] != "ok"}
-        assert not bad, bad
-        # The model loads in under half a second here: at 100 ms sampling its window may hold fewer readings than
-        # energy.min_samples, which is said, never given a number.
-        load = tags["energy.load.status"]
-        assert load == "ok" or ("too few samples" in load and "load_energy_j" not in m), load
+        assert tags["energy.status"] == "ok", tags["energy.status"]
         assert m["decode_energy_j"] > 0 and m["decode_avg_power_w"] > 0 and m["idle_power_w"] > 0
     assert trials[0].data.tags["power.changes"] == "mode 25W -> MAXN_SUPER; jetson_clocks off -> on"
     assert trials[1].data.tags["power.changes"] == "none"
