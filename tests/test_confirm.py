@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 from jbench.analysis.paired import ConfirmSettings, paired_change, targets
 from jbench.analysis.history import CHANGED_ENV, DEFAULT_SETTINGS, REGRESSION, history
 
+from .local_class import local_class_conf
 from .conftest import jbench_cli
 
 # --- the paired test (pure) -----------------------------------------------------------------------------------
@@ -178,20 +178,10 @@ COMMON = ["telemetry.source=none", "thermal.start_below_c=null"]
 
 
 def _conf(tmp_path: Path) -> Path:
-    conf = tmp_path / "conf"
-    (conf / "device").mkdir(parents=True)
-    (conf / "experiment").mkdir()
-    # This machine as a unit of a device class: the nightly runs device=@cpu_host.
-    (conf / "device" / "host1.yaml").write_text(yaml.safe_dump({
-        "defaults": ["device_schema", "_self_"], "name": "host1", "kind": "local", "device_class": CLASS,
-        # its lease in this test process's state directory (tests/conftest.py), as conf/device/local.yaml does
-        "paths": {"state_dir": "${oc.env:JBENCH_STATE_DIR,'~/.cache/jbench'}"}}))
-    (conf / "experiment" / f"{EXPERIMENT}.yaml").write_text("# @package _global_\n" + yaml.safe_dump({
-        "experiment": {"name": EXPERIMENT, "description": "one small configuration"},
-        "model": {"quant": "Q4_0"},
-        # One thread: on a small shared machine one thread is least disturbed by the processes beside it.
-        "backend": {"name": "llamacpp", "n_prompt": 16, "n_gen": 16, "repetitions": 3, "threads": 1}}))
-    return conf
+    # This machine as a unit of a device class (the nightly runs device=@cpu_host); one thread: on a small shared
+    # machine one thread is least disturbed by the processes beside it.
+    return local_class_conf(tmp_path / "conf", CLASS, EXPERIMENT, "one small configuration",
+                            backend={"n_prompt": 16, "n_gen": 16, "repetitions": 3, "threads": 1})
 
 
 def _build_dir(tmp_path: Path, name: str, real_bin: str) -> str:
