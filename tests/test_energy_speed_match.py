@@ -89,16 +89,13 @@ def test_energy_pass_slower_than_the_speed_pass_gives_nan_with_the_reason(tmp_pa
 
 @pytest.mark.e2e
 def test_energy_pass_within_tolerance_publishes_tokens_per_joule(tmp_path):
-    # No slowdown. The tolerance is set wide on purpose: this checks what is published when the speeds match,
-    # and a shared 2-core test machine can run the short speed pass and the long energy pass at quite
-    # different speeds (cold and warm caches, other processes).
-    m, tags, found = _run(tmp_path, "energy.speed_tolerance=10", env_extra={})
-    assert m["decode_energy_speed_difference_pct"] <= 1000.0
+    # No slowdown. The tolerance is opened to 1000x on purpose: this checks what is published when the speeds
+    # match, and on a loaded 2-core test machine the speed pass's one 8-token repetition has taken 25x as long as
+    # the energy pass's warm ones (CI, a busy process on each core).
+    m, tags, found = _run(tmp_path, "energy.speed_tolerance=1000", env_extra={})
+    assert m["decode_energy_speed_difference_pct"] <= 100_000.0
+    assert "decode_tokens_per_joule" in m, {k: v for k, v in tags.items() if k.startswith("energy.decode")}
     assert m["decode_tokens_per_joule"] == pytest.approx(m["decode_energy_window_tps"] * m["decode_window_s"]
                                                           / m["decode_energy_j"], rel=1e-6)
     assert tags["energy.decode.status"] == "ok"
-    assert not [f for f in found if f["code"] == "energy_speed_mismatch" and f["message"].startswith("decode:")]
-    # The engine's prefill energy pass is one longer prompt, batched into fewer weight passes per token: another
-    # workload at another speed, so its tokens/J are withheld rather than published as the speed pass's.
-    if "prefill_energy_speed_difference_pct" in m and m["prefill_energy_speed_difference_pct"] > 1000.0:
-        assert "prefill_tokens_per_joule" not in m and "tokens/J not published" in tags["energy.prefill.status"]
+    assert not [f for f in found if f["code"] == "energy_speed_mismatch"]

@@ -180,3 +180,46 @@ def test_a_slower_wall_meter_sizes_the_energy_pass_when_the_board_would_not():
     wall = _Wall("shelly", meter, ClockOffset(7.0, 0.001, 0.002, 8))
     needed, why = _needs_energy_pass(ctx, board, w, EnergySettings(), wall)
     assert needed is not None and needed > 5 and why.startswith("the wall meter:")
+
+
+def test_an_energy_pass_at_another_speed_whose_window_fell_short_still_grows_once():
+    # The speed pass's one repetition was slow (0.8 s for 8 tokens, a loaded moment); sized from it, the energy pass
+    # ran 3 repetitions of 40 ms: a 0.12 s window, too few readings for any energy. Its speed differs, so its
+    # tokens/J are withheld, but its power is real: it runs once more, sized from its own repetitions.
+    import logging
+    import types
+
+    from jbench.core.results import BackendResult, PhaseResult
+    from jbench.runner.measure import _energy_pass
+
+    clock = {"t": 1001.0}
+    calls = []
+
+    def run(trial, conn, log, only_phase, repetitions):
+        calls.append(repetitions)
+        clock["t"] += 0.5 + repetitions * 0.04
+        # Like the in-house engine: the whole pass is one sample of 8 x repetitions tokens, so sizing the next pass
+        # from its samples would take the pass's length as one repetition's.
+        pr = PhaseResult("decode", 8 * repetitions, [40_000_000 * repetitions], end_time=clock["t"], settled=True)
+        return BackendResult(phases={"decode": pr})
+
+    class Board:
+        samples = [{"t": 1000.0 + 0.05 * i, "power_w": 9.0} for i in range(2000)]
+
+        def wait_past(self, t, timeout_s):
+            return True
+
+    energy_cfg = types.SimpleNamespace(speed_tolerance=0.05, speed_match_retries=1)
+    ctx = types.SimpleNamespace(cfg=types.SimpleNamespace(energy=energy_cfg,
+                                                          telemetry=types.SimpleNamespace(interval_ms=50)),
+                                log=logging.getLogger("test"), backend=types.SimpleNamespace(run=run),
+                                trial=None, conn=None)
+    speed = PhaseResult("decode", 8, [800_000_000], end_time=1001.0, settled=True)
+    sources: dict[str, str] = {}
+    w, match = _energy_pass(ctx, Board(), None, "decode", speed, PhaseWindow("decode", 1000.2, 1001.0, tokens=8),
+                            1.5, "8 samples", EnergySettings(), {}, sources)
+    assert calls[0] == 3 and len(calls) == 2 and calls[1] > 3
+    assert w.duration >= 0.25 and w.tokens == 8 * calls[1]  # five 50-ms readings fit in it
+    # Sized from 40 ms per repetition of 8 tokens, not the 0.12 s sample of the first pass (that gave 3 again).
+    assert 0.25 <= calls[1] * 0.04 < 1.5
+    assert match is not None and not match.ok  # still another speed: tokens/J withheld by the caller

@@ -124,3 +124,15 @@ def test_sysfs_sampler_without_rails_says_why(tmp_path):
         time.sleep(0.05)
     sampler.stop()
     assert sampler.samples == [] and "no INA3221/INA238 hwmon channels" in sampler.problem
+
+
+def test_no_above_idle_figure_from_a_difference_the_window_cannot_resolve():
+    # A draw that equals idle to within float round-off (9.81 W in both windows, integrated over different
+    # spans) leaves an "above idle" of a few 1e-14 J: 400 tokens over it were published as 2.8e16 tok/J.
+    samples = _series(n=400, dt=0.1, power_w=9.81)
+    idle = PhaseWindow("idle", 1000.0, 1001.0)
+    decode = PhaseWindow("decode", 1001.0, 1012.3, tokens=400)
+    m, tags = energy_metrics(samples, [idle, decode], EnergySettings())
+    assert tags["energy.status"] == "ok" and m["decode_avg_power_w"] == pytest.approx(9.81)
+    assert m["decode_tokens_per_joule"] == pytest.approx(400 / (9.81 * 11.3))
+    assert "decode_energy_above_idle_j" not in m and "decode_tokens_per_joule_above_idle" not in m

@@ -272,7 +272,10 @@ def _energy_metrics(samples: list[dict], windows: list[PhaseWindow], settings: E
             w = next((x for x in windows if x.phase == phase), None)
             if we is not None and we.ok and w is not None and w.tokens:
                 above = above_idle_energy(we, idle.avg_power_w)
-                if above > 0:
+                # Above the window's own uncertainty (its edge-error bound, else float round-off): a difference
+                # smaller than what the window can resolve would make tok/J above idle any number at all.
+                edge_pct = metrics.get(f"{phase}_energy_edge_error_pct", 0.0)
+                if above > we.energy_j * max(edge_pct / 100, 1e-9):
                     metrics[f"{phase}_energy_above_idle_j"] = above
                     metrics[f"{phase}_tokens_per_joule_above_idle"] = w.tokens / above
     bad = {p: s for p, s in statuses.items() if s != "ok"}

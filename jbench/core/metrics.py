@@ -210,7 +210,7 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("{phase}_joules_per_token", "J/tok", "`{phase}_energy_j` / tokens processed in the window", MEASURE, "energy",
        better=LOWER, requires=("{phase}_energy_j",)),
     _d("{phase}_energy_above_idle_j", "J", "`{phase}_energy_j` − `idle_power_w` × window length (logged only when "
-       "positive)", MEASURE, "energy", requires=("{phase}_energy_j", "idle_power_w")),
+       "larger than the window energy's own uncertainty: its edge-error bound, else float round-off)", MEASURE, "energy", requires=("{phase}_energy_j", "idle_power_w")),
     _d("{phase}_tokens_per_joule_above_idle", "tok/J", "tokens processed in the window / "
        "`{phase}_energy_above_idle_j`", MEASURE, "energy", better=HIGHER,
        requires=("{phase}_energy_above_idle_j",)),

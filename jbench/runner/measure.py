@@ -188,15 +188,16 @@ def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], p
     as the sensor needs and no longer. A pass runs again only when it can come out otherwise: once more (grown)
     when repetitions sped up and its window still fell short, and up to energy.speed_match_retries times when its
     speed missed the speed pass's while its own repetitions had not settled; a settled pass at another speed would
-    measure the same again, so its tokens/J are withheld at once.
+    measure the same again, so its tokens/J are withheld (its window still grows once when too short to measure).
     """
     cfg, log = ctx.cfg.energy, ctx.log
     w: Optional[PhaseWindow] = None
     pr, match = speed, None
     grown = retries = 0
+    # Seconds per repetition: the speed pass's settled median first, then as each energy pass ran, from its tokens
+    # (a backend may report a whole pass as one sample, so its samples say nothing about one repetition).
+    rep_s = max(1e-6, statistics.median(speed.samples_ns) / 1e9 if speed.samples_ns else speed_window.duration)
     while True:
-        settled_ns = pr.samples_ns or speed.samples_ns
-        rep_s = max(1e-6, statistics.median(settled_ns) / 1e9)
         reps = min(MAX_ENERGY_REPETITIONS, max(1, math.ceil(needed_s * PASS_MARGIN / rep_s)))
         log.info("energy pass: %s (%s): %d repetitions for a %.3g s window", phase, why, reps, needed_s)
         extra = ctx.backend.run(ctx.trial, ctx.conn, log, only_phase=phase, repetitions=reps)
@@ -206,15 +207,18 @@ def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], p
         if got is None:
             break
         w = got
+        if w.tokens > 0 and w.duration > 0 and speed.n_tokens > 0:
+            rep_s = max(1e-6, w.duration * speed.n_tokens / w.tokens)
         match = speed_match(speed.tokens_in_window, sum(speed.samples_ns) / 1e9, w.tokens, w.duration,
                             cfg.speed_tolerance)
         sources[phase] = f"an energy pass of {reps} repetitions ({why} in the speed pass)"
-        if not match.ok:
-            if pr.settled is not False or retries >= cfg.speed_match_retries:
-                break  # settled at another speed (or unknown after the retries): another pass measures the same
+        if not match.ok and pr.settled is False and retries < cfg.speed_match_retries:
             retries += 1
             log.info("energy pass: %s %s, its repetitions still settling; running it again", phase, match.reason)
             continue
+        # Settled at another speed (or unknown after the retries), another pass would measure the same speed; but a
+        # window left too short for the sensor gives no energy at all, so it still grows once, sized from the
+        # pass's own repetitions (its power is real even where its tokens/J are withheld).
         again, why_again = _needs_energy_pass(ctx, sampler, w, energy, wall)
         if again is None or grown >= 1 or reps >= MAX_ENERGY_REPETITIONS:
             break
