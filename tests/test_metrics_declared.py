@@ -69,7 +69,7 @@ def test_declared_names_are_every_concrete_name_once():
 def test_a_declaration_is_well_formed(decl: MetricDecl):
     assert decl.unit in M.UNITS
     assert decl.group in M.GROUPS
-    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.RUNNER, M.QUALITY, M.MEMORY)
+    assert decl.provider in (M.MEASURE, M.PHASE_SPEED, M.ROOFLINE, M.RUNNER, M.QUALITY, M.MEMORY, M.SERVING)
     assert decl.better in (None, M.HIGHER, M.LOWER)
     assert set(decl.placeholders) <= set(M.PLACEHOLDERS)
     # One table row: no line break, no cell separator.
@@ -165,7 +165,7 @@ def test_phase_metrics_emits_the_phase_speed_declarations():
     out = phase_metrics(result)
     emitted = set(out.metrics) | set(out.stepped)
     assert emitted == set(M.provided_by(M.PHASE_SPEED))
-    assert set(out.stepped) == {n for d in M.declarations() if d.stepped for n in d.names()}
+    assert set(out.stepped) == {n for d in M.declarations() if d.stepped and d.provider == M.PHASE_SPEED for n in d.names()}
     assert all(math.isfinite(v) for v in out.metrics.values())
 
 

@@ -17,6 +17,7 @@ from jbench.runner import session as session_module
 from jbench.runner import trials as trials_module
 from jbench.runner.memory import Memory
 from jbench.runner.quality import Quality
+from jbench.runner.serving import Serving
 from jbench.runner.analyses import Noise, PhaseSpeed, Roofline
 from jbench.sweeps.plan import plan
 from jbench.runner.stages import (DeviceState, Measure, PowerState, Stage, StageError, ThermalGate, default_stages,
@@ -61,8 +62,9 @@ def plugin_package(tmp_path, monkeypatch):
 def test_default_stages_are_power_gate_measure_then_analyses_in_the_order_their_metrics_need():
     kinds = [type(s) for s in default_stages()]
     assert kinds[:4] == [PowerState, DeviceState, ThermalGate, Measure]
-    # phase_speed provides decode_tps and the CVs; noise and roofline require them (ties by name); quality needs none.
-    assert kinds[4:9] == [Memory, PhaseSpeed, Quality, Noise, Roofline]
+    # phase_speed provides decode_tps and the CVs; noise and roofline require them (ties by name); quality and serving
+    # need none.
+    assert kinds[4:10] == [Memory, PhaseSpeed, Quality, Serving, Noise, Roofline]
 
 
 def test_analyses_are_ordered_by_what_they_require_not_by_registration():
@@ -229,8 +231,8 @@ def test_a_users_analysis_runs_in_a_trial_and_its_output_is_recorded(plugin_pack
     # registered analyses run after it in the order their metrics need, and what the user's adds lands in the run.
     stages = [_Scripted(["ok"]) if isinstance(s, Measure) else s for s in default_stages()
               if not isinstance(s, (PowerState, DeviceState, ThermalGate))]
-    assert [type(s).__name__ for s in stages] == ["_Scripted", "Memory", "PhaseSpeed", "Quality", "Noise", "Roofline",
-                                                  "TokensPerWatt"]
+    assert [type(s).__name__ for s in stages] == ["_Scripted", "Memory", "PhaseSpeed", "Quality", "Serving", "Noise",
+                                                  "Roofline", "TokensPerWatt"]
     s, tracker = _sweep(stages, monkeypatch)
     outcome = s.run().outcomes[0]
     assert outcome.status == Status.FINISHED, outcome

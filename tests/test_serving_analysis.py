@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from jbench.analysis.serving import (CapacitySearch, Estimate, Level, RequestOutcome, Slo, knee, level_metrics,
+from jbench.analysis.serving import (CapacitySearch, Estimate, Level, RequestOutcome, Slo, knee, level_figures,
                                      level_table, oversaturated, slo_capacity)
 
 SLOTS = 8
@@ -93,7 +93,7 @@ def test_level_metrics_by_hand():
         _o(3, 0.6, math.nan, math.nan, 0, prompt=40, error="HTTP 503"),
     )
     level = Level(load=2, outcomes=outs, wall_s=2.0)
-    m = level_metrics(level, Slo(ttft_ms=250.0, tpot_ms=150.0))
+    m = level_figures(level, Slo(ttft_ms=250.0, tpot_ms=150.0))
     assert m["requests"] == 4 and m["failed_requests"] == 1
     assert m["request_throughput_rps"] == pytest.approx(3 / 2.0)
     assert m["output_tps"] == pytest.approx((5 + 11 + 1) / 2.0)
@@ -113,7 +113,7 @@ def test_level_metrics_by_hand():
 
 def test_level_metrics_absent_never_zero():
     failed = tuple(_o(i, 0.1 * i, math.nan, math.nan, 0, error="timeout") for i in range(3))
-    m = level_metrics(Level(load=4, outcomes=failed, wall_s=1.0), Slo())
+    m = level_figures(Level(load=4, outcomes=failed, wall_s=1.0), Slo())
     for prefix in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert not any(k.startswith(prefix) for k in m), m
     assert "slo_attainment" not in m  # the SLO sets no target
@@ -121,7 +121,7 @@ def test_level_metrics_absent_never_zero():
     assert m["request_throughput_rps"] == 0.0 and m["goodput_rps"] == 0.0  # counted over a measured wall: a real 0
     # No wall: no rates at all; one-token requests only: no TPOT and no ITL, but TTFT and E2E.
     one = (_o(0, 0.0, 0.1, 0.1, 1),)
-    m = level_metrics(Level(load=1, outcomes=one, wall_s=math.nan), Slo(ttft_ms=50.0))
+    m = level_figures(Level(load=1, outcomes=one, wall_s=math.nan), Slo(ttft_ms=50.0))
     assert not {"request_throughput_rps", "output_tps", "total_tps", "goodput_rps"} & set(m)
     assert "tpot_ms_p50" not in m and "itl_ms_p50" not in m and m["ttft_ms_p50"] == pytest.approx(100.0)
     assert m["slo_attainment"] == 0.0  # 100 ms > 50 ms: a real 0 share
@@ -129,7 +129,7 @@ def test_level_metrics_absent_never_zero():
 
 def test_send_lag_only_in_open_loop():
     outs = (_o(0, 0.010, 0.1, 0.5, 4, due=0.0), _o(1, 1.030, 0.1, 0.5, 4, due=1.0))
-    m = level_metrics(Level(load=1.0, outcomes=outs, wall_s=1.6), Slo())
+    m = level_figures(Level(load=1.0, outcomes=outs, wall_s=1.6), Slo())
     assert m["send_lag_ms_p50"] == pytest.approx(20.0)
     assert m["send_lag_ms_p99"] == pytest.approx(10.0 + 0.99 * 20.0)
     table = level_table([closed_loop(2, 8, 1), Level(load=1.0, outcomes=outs, wall_s=1.6)], SLO)

@@ -47,7 +47,7 @@ from typing import Any, Optional
 from jbench.analysis.stats import percentile
 
 __all__ = [
-    "KNEE_MIN_DISTANCE", "PERCENTILES", "RequestOutcome", "Slo", "Level", "Estimate", "level_metrics", "level_table",
+    "KNEE_MIN_DISTANCE", "PERCENTILES", "RequestOutcome", "Slo", "Level", "Estimate", "level_figures", "level_table",
     "oversaturated", "knee", "slo_capacity", "CapacitySearch",
 ]
 
@@ -166,7 +166,7 @@ def _wall_ok(wall_s: float) -> bool:
     return math.isfinite(wall_s) and wall_s > 0
 
 
-def level_metrics(level: Level, slo: Slo) -> dict[str, float]:
+def level_figures(level: Level, slo: Slo) -> dict[str, float]:
     """The level's metrics. Counts: requests (all), failed_requests. Rates over the wall (absent without a positive
     wall): request_throughput_rps (completed), output_tps, total_tps ((prompt + output tokens of completed
     requests) / wall), goodput_rps (requests meeting the SLO; without targets, every completed request). A count of
@@ -198,8 +198,8 @@ def level_metrics(level: Level, slo: Slo) -> dict[str, float]:
 
 
 def level_table(levels: Sequence[Level], slo: Slo) -> list[dict[str, float]]:
-    """One row per level, in run order: {"load": ..., **level_metrics}."""
-    return [{"load": float(lv.load), **level_metrics(lv, slo)} for lv in levels]
+    """One row per level, in run order: {"load": ..., **level_figures}."""
+    return [{"load": float(lv.load), **level_figures(lv, slo)} for lv in levels]
 
 
 # --------------------------------------------------------------------------------------------

@@ -198,6 +198,22 @@ def energy_pass_needed(samples: list[dict], w: PhaseWindow, settings: EnergySett
     return needed, why
 
 
+def load_window_energy(samples: list[dict], windows: list[PhaseWindow],
+                       settings: EnergySettings) -> dict[str, WindowEnergy]:
+    """Energy of each load window (a serving level) over the total-power readings, judged like a phase's window
+    (samples, coverage, edge-error bound); a window it cannot give says why in its status."""
+    times, power = _series(samples, "power_w")
+    if not times:
+        return {w.phase: WindowEnergy(math.nan, math.nan, w.duration, 0, 0.0, "the telemetry has no total-power "
+                                      "signal") for w in windows}
+    period = sensor_period(times, power)
+    out = {}
+    for w in windows:
+        edge = edge_error_bound(times, power, w.start, w.end, period) if period is not None else None
+        out[w.phase] = phase_window_energy(times, power, w, settings, edge)
+    return out
+
+
 def power_settled(samples: list[dict], t_end: float, span_s: float, tolerance: float) -> bool:
     """Whether total power stopped moving over the last span_s before t_end (jbench.analysis.sensor.settled)."""
     times, power = _series(samples, "power_w")

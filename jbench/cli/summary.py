@@ -37,6 +37,8 @@ from jbench.core.trial import ChoosesKVTypes
 RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
 EARLIER = "FINISHED (earlier)"  # a resumed trial's status in rows, as in the sweep's summary.json
 LATENCY = "latency"
+SERVING = "serving"
+SERVER_SCENARIOS = (LATENCY, SERVING)
 
 
 def is_earlier(outcome: Any) -> bool:
@@ -45,9 +47,10 @@ def is_earlier(outcome: Any) -> bool:
 
 
 def scenario(trial: Any) -> str:
-    """What a trial measures: "latency" (llama.cpp's llama-server scenario: TTFT, ITL, e2e) or "bench" (tok/s)."""
+    """What a trial measures: "latency" (llama.cpp's llama-server scenario: TTFT, ITL, e2e), "serving" (load levels:
+    capacity, knee, tokens/J) or "bench" (tok/s)."""
     b = trial.cfg.backend
-    return LATENCY if isinstance(b, LlamaCppConfig) and b.scenario == LATENCY else "bench"
+    return b.scenario if isinstance(b, LlamaCppConfig) and b.scenario in SERVER_SCENARIOS else "bench"
 
 
 def number(value: Any) -> Optional[float]:
@@ -122,6 +125,22 @@ def _size(name: str) -> Callable[[Any], Any]:
 
 def _figures(kind: str, trials: list) -> tuple[list[_Figure], str]:
     """The figure columns of one scenario and the caption that says what they are."""
+    if kind == SERVING:
+        caption = ("max out tok/s: the highest level's output tok/s; knee: load where throughput stops growing in "
+                   "proportion; SLO cap: highest load meeting serving.slo (≥: not bracketed); tok/J: output tokens "
+                   "per joule at it; every level in MLflow and serving/levels.csv")
+
+        def cap(m: dict) -> str:
+            v = number(m.get("serving_slo_capacity"))
+            if v is None:
+                return "-"
+            return ("≥" if number(m.get("serving_slo_capacity_high")) is None else "") + f"{v:g}"
+
+        return [_Figure("max out\ntok/s", lambda m: _cell(m.get("serving_max_output_tps"), ".1f")),
+                _Figure("knee\nload", lambda m: _cell(m.get("serving_knee_load"), "g")),
+                _Figure("SLO\ncap", cap),
+                _Figure("tok/J\nat cap", lambda m: _cell(m.get("serving_capacity_output_tokens_per_joule"), ".3g"))], \
+            caption
     if kind == LATENCY:
         n = _shared(trials, lambda b: b.latency_requests)
         conc = _shared(trials, lambda b: b.latency_concurrency)
@@ -173,7 +192,7 @@ def _cut_middle(text: str, width: int) -> str:
 def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str]], str],
                    console: Console) -> list[SummaryTable]:
     """The sweep's summary: a table per scenario (bench first), each fitting `console.width`."""
-    kinds = sorted({scenario(o.trial) for o in outcome.outcomes}, key=lambda k: k == LATENCY)
+    kinds = sorted({scenario(o.trial) for o in outcome.outcomes}, key=lambda k: (k == LATENCY, k == SERVING))
     out = []
     for n, kind in enumerate(kinds):
         rows = [o for o in outcome.outcomes if scenario(o.trial) == kind]
@@ -181,7 +200,7 @@ def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str
             title = (f"{outcome.experiment}: sweep {outcome.sweep_id}" if outcome.parent_run_id is not None
                      else f"{outcome.experiment}: nothing run, every trial already FINISHED")
         else:
-            title = "latency scenario (llama-server)" if kind == LATENCY else kind
+            title = {LATENCY: "latency scenario (llama-server)", SERVING: "serving scenario (llama-server)"}.get(kind, kind)
         out.append(_table(title, kind, rows, keys, label, console))
     return out
 
@@ -304,7 +323,7 @@ def sweep_choices(outcome: Any, keys: list[str],
                   label: Callable[[Any, list[str]], str]) -> list[tuple[tuple[str, str, int], Choice]]:
     """The choice within the sweep's quality bar per (device, model, depth) of the bench scenario's trials; empty
     when no trial measured quality and `quality.enabled` is off."""
-    outcomes = [o for o in outcome.outcomes if scenario(o.trial) != LATENCY]
+    outcomes = [o for o in outcome.outcomes if scenario(o.trial) not in SERVER_SCENARIOS]
     bar, enabled, _ = _bar([o.trial for o in outcomes])
     measured = any(number((o.metrics or {}).get(m)) is not None for o in outcomes
                    for m in ("quality_kld_mean", "quality_same_top_pct"))
@@ -320,7 +339,7 @@ def choice_lines(outcome: Any, keys: list[str], label: Callable[[Any, list[str]]
     """The choice as the summary prints it: per (device, model, depth) a headline and its reasons (indented), the caveat
     of what the quality figures measure; a line per group only when the sweep has several."""
     choices = sweep_choices(outcome, keys, label)
-    _, _, notes = _bar([o.trial for o in outcome.outcomes if scenario(o.trial) != LATENCY])
+    _, _, notes = _bar([o.trial for o in outcome.outcomes if scenario(o.trial) not in SERVER_SCENARIOS])
     lines: list[str] = []
     several = {what: len({g[i] for g, _ in choices}) > 1 for i, what in enumerate(("device", "model", "depth"))}
     for (device, model, depth), choice in choices:

@@ -51,6 +51,7 @@ UNITS: dict[str, str] = {
     "tok/s": "tokens per second",
     "tok": "tokens",
     "tok/J": "tokens per joule",
+    "req/s": "requests per second",
     "J/tok": "joules per token",
     "J": "joules",
     "W": "watts",
@@ -74,7 +75,7 @@ LOWER: Literal["lower"] = "lower"
 # Stage and workflow names that provide metrics (runner stages' NAME; `sweep` and `bisect` record their own).
 # `runner`: the trial runner itself (jbench.runner.trials), around the stages.
 MEASURE, PHASE_SPEED, ROOFLINE, RUNNER = "measure", "phase_speed", "roofline", "runner"
-QUALITY, MEMORY = "quality", "memory"
+QUALITY, MEMORY, SERVING = "quality", "memory", "serving"
 
 # docs/metrics.md's tables, in the order the document shows them: group -> its heading in the document.
 GROUPS: dict[str, str] = {
@@ -90,6 +91,7 @@ GROUPS: dict[str, str] = {
     "engine": "Engine GEMV trace",
     "quality": "Output quality",
     "memory": "Memory",
+    "serving": "Serving scenario",
 }
 
 _FIELDS = re.compile(r"\{(\w+)\}")
@@ -427,7 +429,61 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("memory_swap_over_idle_mib", "MiB", "highest swap in use from model load to the end of decode − its idle "
        "mean", MEASURE, "memory", better=LOWER),
     _d("memory_gpu_over_idle_mib", "MiB", "highest GPU memory in use (NVML) from model load to the end of decode − "
-       "its idle mean: the trial's device memory on a discrete GPU", MEASURE, "memory", better=LOWER),)
+       "its idle mean: the trial's device memory on a discrete GPU", MEASURE, "memory", better=LOWER),
+    # --- serving scenario: jbench.runner.serving over the levels (jbench.analysis.serving) and their energy windows;
+    # per-level figures are stepped metrics, step = the level in run order
+    _d("serving_level_load", "1", "each level's load: requests in flight (serving.load=concurrency) or requests per "
+       "second (rate)", SERVING, "serving", stepped=True),
+    _d("serving_request_throughput_rps", "req/s", "each level's completed requests / its wall time (first send to "
+       "last stream end)", SERVING, "serving", better=HIGHER, stepped=True),
+    _d("serving_output_tps", "tok/s", "each level's output tokens (the server's usage) / its wall time", SERVING,
+       "serving", better=HIGHER, stepped=True),
+    _d("serving_total_tps", "tok/s", "each level's prompt + output tokens / its wall time", SERVING, "serving",
+       better=HIGHER, stepped=True),
+    _d("serving_goodput_rps", "req/s", "each level's requests that met every serving.slo target / its wall time",
+       SERVING, "serving", better=HIGHER, stepped=True),
+    _d("serving_slo_attainment", "1", "each level's share of requests that met every serving.slo target (absent "
+       "without a target)", SERVING, "serving", better=HIGHER, stepped=True),
+    _d("serving_ttft_ms_p{q}", "ms", "each level's percentile q of time to first token", SERVING, "serving",
+       better=LOWER, stepped=True),
+    _d("serving_tpot_ms_p{q}", "ms", "each level's percentile q over requests of time per output token after the "
+       "first: (e2e − TTFT) / (output tokens − 1)", SERVING, "serving", better=LOWER, stepped=True),
+    _d("serving_itl_ms_p{q}", "ms", "each level's percentile q of the gaps between consecutive streamed tokens, "
+       "pooled over its requests", SERVING, "serving", better=LOWER, stepped=True),
+    _d("serving_e2e_ms_p{q}", "ms", "each level's percentile q of end-to-end latency", SERVING, "serving",
+       better=LOWER, stepped=True),
+    _d("serving_avg_power_w", "W", "each level's mean total power over its window on the device's rails", SERVING,
+       "serving", stepped=True),
+    _d("serving_output_tokens_per_joule", "tok/J", "each level's output tokens / the energy of its window", SERVING,
+       "serving", better=HIGHER, stepped=True),
+    _d("serving_total_tokens_per_joule", "tok/J", "each level's prompt + output tokens / the energy of its window",
+       SERVING, "serving", better=HIGHER, stepped=True),
+    _d("serving_joules_per_output_token", "J/tok", "the energy of each level's window / its output tokens", SERVING,
+       "serving", better=LOWER, stepped=True),
+    _d("serving_levels_run", "1", "levels run (a grid's levels, or the levels the SLO search chose, replicates "
+       "included)", SERVING, "serving"),
+    _d("serving_max_output_tps", "tok/s", "the highest level output tok/s", SERVING, "serving", better=HIGHER),
+    _d("serving_knee_load", "1", "the load where throughput stops growing in proportion (jbench.analysis.serving."
+       "knee); tag serving.knee_load says how it was found", SERVING, "serving"),
+    _d("serving_knee_load_low", "1", "lower end of its bootstrap interval over each level's requests", SERVING,
+       "serving"),
+    _d("serving_knee_load_high", "1", "upper end of that interval", SERVING, "serving"),
+    _d("serving_slo_capacity", "1", "the highest load whose share of requests meeting every serving.slo target is at "
+       "least serving.slo.attainment (isotonic fit over the levels); tag serving.slo_capacity says whether it was "
+       "bracketed", SERVING, "serving", better=HIGHER),
+    _d("serving_slo_capacity_low", "1", "lower end of its bootstrap interval", SERVING, "serving"),
+    _d("serving_slo_capacity_high", "1", "upper end of that interval", SERVING, "serving"),
+    _d("serving_capacity_output_tps", "tok/s", "output tok/s at the SLO capacity (mean of its runs)", SERVING,
+       "serving", better=HIGHER),
+    _d("serving_capacity_goodput_rps", "req/s", "goodput at the SLO capacity", SERVING, "serving", better=HIGHER),
+    _d("serving_capacity_output_tokens_per_joule", "tok/J", "output tokens per joule at the SLO capacity: the "
+       "operating point's efficiency", SERVING, "serving", better=HIGHER),
+    _d("serving_clock_uncertainty_ms", "ms", "how far the levels' windows may sit off on the device's clock (half the "
+       "best round trip of the clock reads, widened by drift)", MEASURE, "serving", backend="llamacpp"),
+    _d("serving_loadgen_dispatch_lag_ms_p99", "ms", "the load generator's own cost per level: percentile 99 of how "
+       "late a request left: after it was due (open loop), after its worker became free (closed loop)", MEASURE, "serving", stepped=True, backend="llamacpp"),
+    _d("serving_loadgen_client_cpu_per_request_ms", "ms", "the load generator's CPU time per request on the "
+       "controller, per level", MEASURE, "serving", stepped=True, backend="llamacpp"),)
 
 
 def _index(decls: tuple[MetricDecl, ...]) -> dict[str, MetricDecl]:

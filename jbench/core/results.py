@@ -128,6 +128,18 @@ class PhaseResult:
 
 
 @dataclass
+class LoadWindow:
+    """A stretch of a trial under one load (a serving level), on the device's clock, whose energy the Measure stage
+    takes from the device's rails like a phase's."""
+
+    name: str  # "level1", "level2", ... in run order
+    start: float
+    end: float
+    output_tokens: int
+    total_tokens: int  # prompt + output tokens of the requests that finished in it
+
+
+@dataclass
 class BackendResult(Result):
     """A backend's run: the phases it measured and the raw output behind them, plus the common Result
     fields (metrics beyond the phase speeds, e.g. the latency scenario's ttft_ms_p50 or the engine's
@@ -140,3 +152,7 @@ class BackendResult(Result):
     info: dict[str, Any] = field(default_factory=dict)  # cpu_info, gpu_info, model_size, ...
     command: Optional[list[str]] = None
     start_time: Optional[float] = None  # device clock when the backend process started
+    # The serving scenario: its load windows (energy per level) and its levels (jbench.analysis.serving.Level,
+    # kept opaque here: core sits below analysis), which the Serving analysis stage turns into the answers.
+    load_windows: list[LoadWindow] = field(default_factory=list)
+    serving_levels: list[Any] = field(default_factory=list)

@@ -561,6 +561,63 @@ class QualityConfig:
 
 
 @dataclass
+class LengthConfig:
+    """Token counts of the serving scenario's requests: fixed, uniform over [low, high], or normal (mean, std)
+    clipped to [low, high]; drawn from serving.seed."""
+
+    kind: str = ident("fixed", scenario="serving")  # fixed | uniform | normal
+    mean: int = ident(128, scenario="serving", metadata=bounded(1))
+    low: Optional[int] = ident(None, scenario="serving", metadata=bounded(1))
+    high: Optional[int] = ident(None, scenario="serving", metadata=bounded(1))
+    std: float = ident(0.0, scenario="serving", metadata=bounded(0))
+
+
+@dataclass
+class SloConfig:
+    """The latency targets a served request must meet to count as goodput (every target set; null: no target),
+    and the share of a load level's requests that must meet them for the level to meet the SLO."""
+
+    ttft_ms: Optional[float] = ident(None, scenario="serving", metadata=bounded(above=0))
+    tpot_ms: Optional[float] = ident(None, scenario="serving", metadata=bounded(above=0))
+    e2e_ms: Optional[float] = ident(None, scenario="serving", metadata=bounded(above=0))
+    attainment: float = ident(0.9, scenario="serving", metadata=bounded(above=0, high=1))
+
+
+@dataclass
+class ServingConfig:
+    """The serving scenario's load profile (docs/serving.md): a server on the device with `slots` parallel slots gets
+    load at several levels, each level its own energy window on the device's rails. Identity only where
+    backend.scenario=serving."""
+
+    # concurrency: closed loop, N requests in flight (1 = synchronous); rate: open loop, requests per second.
+    load: str = ident("concurrency", scenario="serving")
+    arrival: str = ident("poisson", scenario="serving")  # rate load: constant | poisson
+    # grid: every level in `levels`; slo: bracket then bisect the highest concurrency meeting `slo`, from
+    # levels[0] up to max_load, then `replicates` runs at the boundary.
+    search: str = ident("grid", scenario="serving")
+    levels: List[float] = ident(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], scenario="serving")
+    max_load: int = ident(32, scenario="serving", metadata=bounded(1))
+    replicates: int = ident(2, scenario="serving", metadata=bounded(1))
+    # Measured requests per level (a level stops early, as a finding, when its queue keeps growing).
+    requests_per_level: int = ident(16, scenario="serving", metadata=bounded(1))
+    # Unmeasured requests sent one at a time after the server is ready (first-request costs stay out of level 1).
+    warmup_requests: int = ident(1, scenario="serving", metadata=bounded(0))
+    # The server's parallel slots (llama-server -np); null: the highest concurrency the levels (or max_load) reach.
+    slots: Optional[int] = ident(None, scenario="serving", metadata=bounded(1))
+    input: LengthConfig = ident(default_factory=lambda: LengthConfig(mean=128), scenario="serving")
+    output: LengthConfig = ident(default_factory=lambda: LengthConfig(mean=64), scenario="serving")
+    # A JSONL trace of requests on this machine (arrival_s, input_tokens | prompt, output_tokens, session): replayed
+    # instead of the synthetic lengths (docs/serving.md "Your own traffic").
+    trace: Optional[str] = ident(None, scenario="serving")
+    seed: int = ident(0, scenario="serving")
+    slo: SloConfig = ident(default_factory=SloConfig, scenario="serving")
+    # Stop a level early when its queue keeps growing (over-saturation), recorded as a finding.
+    stop_on_saturation: bool = ident(True, scenario="serving")
+    # Longest a level may run before its unsent requests are given up.
+    level_timeout_s: float = nonident(600.0, metadata=bounded(above=0))
+
+
+@dataclass
 class JBenchConfig:
     # Sections declared nonident drop out whole; the others count through their own fields' declarations.
     # Keys the planner adds (profile, round) are no schema field and never identity.
@@ -577,6 +634,7 @@ class JBenchConfig:
     sweep: SweepConfig = nonident(default_factory=SweepConfig)
     farm: FarmConfig = nonident(default_factory=FarmConfig)
     quality: QualityConfig = nonident(default_factory=QualityConfig)
+    serving: ServingConfig = ident(default_factory=ServingConfig)
 
 
 # Sections as the functions the planner and the run layer call take them: the schema object, or the plain

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 from jbench.core import registry
 from jbench.core.schema import (DeviceConfig, EnergyConfig, ExperimentConfig, FarmConfig, ModelConfig, PowerConfig,
-                                ProfileConfig, QualityConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig,
+                                ProfileConfig, QualityConfig, ServingConfig, SweepConfig, TelemetryConfig, ThermalConfig, TrackingConfig,
                                 WallPowerConfig, typed)
 
 
@@ -51,6 +51,7 @@ class TrialConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     farm: FarmConfig = field(default_factory=FarmConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     profile: Optional[ProfileConfig] = None
 
     @property

@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Optional
 
+from jbench.analysis.energy import WindowEnergy
+
 from jbench.backends.base import Backend
 from jbench.device.connection import Connection
 from jbench.core.results import BackendResult, Result
@@ -62,6 +64,8 @@ class TrialContext:
     actual_mode: Optional[str] = None  # the power mode the device reported after the power stage
     notes: list[str] = field(default_factory=list)  # said once per sweep (e.g. why energy is missing)
     noisy: bool = False
+    # The serving scenario's load windows priced by the Measure stage: level name -> its energy (WindowEnergy).
+    load_energy: dict[str, WindowEnergy] = field(default_factory=dict)
 
     @property
     def conn(self) -> Connection:

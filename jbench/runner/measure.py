@@ -22,7 +22,7 @@ from typing import Optional
 from jbench.analysis.energy import SpeedMatch, speed_match, withhold_per_token_energy
 from jbench.analysis.memory import telemetry_memory
 from jbench.analysis.telemetry import (EnergySettings, PhaseWindow, energy_metrics, energy_pass_needed, findings,
-                                       mlflow_series, power_settled)
+                                       load_window_energy, mlflow_series, power_settled)
 from jbench.analysis.wall import board_coverage_metrics, wall_energy_metrics
 from jbench.device.connection import ConnectionLost, DeviceError
 from jbench.device.telemetry.samplers import NoSampler, Sampler
@@ -88,6 +88,7 @@ def measure(ctx: TrialContext) -> None:
     log.info("telemetry: %s at %d ms", sampler.source, tele.interval_ms)
     energy = _energy_settings(ctx)
     windows: list[PhaseWindow] = []
+    load_windows: list[PhaseWindow] = []
     artifacts: dict[str, str] = {}
     matches: dict[str, SpeedMatch] = {}  # phase -> how its energy pass's speed compares with the speed pass
     sources: dict[str, str] = {}  # phase -> where its energy window came from, in words
@@ -118,7 +119,10 @@ def measure(ctx: TrialContext) -> None:
                 if match is not None:
                     matches[phase] = match
             windows.append(w)
-        last_end = max((w.end for w in windows), default=None)
+        # The serving scenario's levels: each a window of its own, priced after the run (Serving stage).
+        load_windows = [PhaseWindow(lw.name, lw.start, lw.end, tokens=lw.output_tokens, source="load")
+                        for lw in result.load_windows]
+        last_end = max((w.end for w in windows + load_windows), default=None)
         if last_end is not None:
             # The window must end inside the samples: wait for one sample past its end.
             sampler.wait_past(last_end, timeout_s=2.0 + 3 * tele.interval_ms / 1000)
@@ -129,6 +133,8 @@ def measure(ctx: TrialContext) -> None:
         samples = sampler.stop()
         _stop_wall(wall, windows)
     metrics, tags = energy_metrics(samples, windows, energy, sampler.problem if not samples else None)
+    if load_windows:
+        ctx.load_energy = load_window_energy(samples, load_windows, energy)
     mem_metrics, mem_tags = telemetry_memory(samples, windows)  # RAM, swap, GPU memory over idle
     metrics.update(mem_metrics)
     tags.update(mem_tags)

@@ -111,7 +111,7 @@ class Measure(Stage):
             artifacts["backend_findings.json"] = json.dumps([f.as_dict() for f in result.findings], indent=2,
                                                             default=str)
         ctx.record.merge(Result(metrics=dict(result.metrics), tags={**result.tags, **tags},
-                                findings=list(result.findings), artifacts=artifacts))
+                                findings=list(result.findings), artifacts=artifacts, stepped=dict(result.stepped)))
 
 
 FIXED = (PowerState, DeviceState, ThermalGate, Measure)

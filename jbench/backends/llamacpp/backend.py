@@ -27,7 +27,7 @@ from jbench.models.store import ModelError, check_quant, resolve_model_file
 from jbench.core.schema import bounded
 from jbench.core.trial import Trial
 from jbench.core.results import BackendResult
-from jbench.backends.llamacpp import client, quality, server
+from jbench.backends.llamacpp import client, quality, server, serving
 from jbench.core.quality import QualityOutcome, QualityRequest
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import (Backend, BackendError, Capabilities, MemoryPass, command_failure, device_model_path,
@@ -39,7 +39,7 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 FLASH_ATTN = {"auto": None, "on": "1", "off": "0"}
 # llama-server spells it -fa on|off|auto; "auto" omits the flag.
 SERVER_FLASH_ATTN = {"auto": None, "on": "on", "off": "off"}
-SCENARIOS = ("bench", "latency")
+SCENARIOS = ("bench", "latency", "serving")
 
 
 @dataclass
@@ -131,6 +131,11 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         if cfg.threads is not None and cfg.threads < 1:
             problems.append(f"backend.threads must be >= 1 (got {cfg.threads})")
         problems += self._validate_scenario(cfg)
+        if cfg.scenario == "serving":
+            problems += serving.validate(trial.cfg.serving)
+            if cfg.extra_args:
+                problems.append("backend.extra_args are llama-bench arguments and the serving scenario runs "
+                                "llama-server: use backend.server_extra_args")
         if not problems:
             try:
                 path, _ = resolve_model_file(model)
@@ -203,10 +208,14 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         return quality.measure_quality(self, trial, conn, log, request)
 
     def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
-        """llama-server's argument list for the latency scenario."""
+        """llama-server's argument list for the latency and serving scenarios."""
         cfg = self.config_of(trial)
-        slots = server_slots(cfg)
-        context = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, slots)
+        if cfg.scenario == "serving":
+            slots = serving.server_slots(trial.cfg.serving)
+            context = cfg.context or serving.context_size(trial.cfg.serving, slots)
+        else:
+            slots = server_slots(cfg)
+            context = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, slots)
         return server.server_argv(
             os.path.join(self.binary_dir(), "llama-server"), model_path, port=port, context=context, parallel=slots,
             n_gpu_layers=cfg.n_gpu_layers, cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v,
@@ -254,6 +263,8 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         model_path = device_model_path(trial, conn)
         if cfg.scenario == "latency":
             return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
+        if cfg.scenario == "serving":
+            return self._run_serving(trial, conn, log, model_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
         log.info("running: %s", shlex.join(argv))
         try:
@@ -289,7 +300,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         llama-bench silences otherwise, prints every buffer's size), under the peak-RSS wrapper. A run of its own:
         verbose logging never touches a timed pass. BackendError when it fails (out_of_memory recognised)."""
         cfg = self.config_of(trial)
-        if cfg.scenario == "latency":
+        if cfg.scenario in ("latency", "serving"):
             # llama-server prints the same buffer lines, but the scenario starts and stops its server inside
             # server.run_latency_scenario; a memory pass would start one more server just for its log and its peak,
             # which needs its own lifecycle there (not done yet). No account rather than a wrong one.
@@ -365,6 +376,33 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log,
                              build={**run.build, "binary_dir": self.binary_dir()},
                              info=info, command=run.argv, metrics=extra)
+
+
+    def _run_serving(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
+                     only_phase: Optional[str] = None) -> BackendResult:
+        """The serving scenario (jbench.backends.llamacpp.serving): one server, load levels, a window per level."""
+        cfg, load = self.config_of(trial), trial.cfg.serving
+        if only_phase:
+            log.info("serving scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
+        run = serving.run_serving(conn, lambda port: self.server_command(trial, model_path, port), load,
+                                  ready_timeout_s=cfg.server_ready_timeout_s, timeout_s=cfg.timeout_s, log=log)
+        # No phase speeds: a request's TTFT and TPOT are not a prefill or decode rate (lengths vary, requests share
+        # the batch); each level's latencies and throughput are the Serving stage's table.
+        slots = serving.server_slots(load)
+        info = {"scenario": "serving", "server_slots": slots,
+                "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None}
+        metrics = {"serving_clock_uncertainty_ms": 1000 * run.clock.uncertainty_s} if run.clock else {}
+        return BackendResult(raw_output=run.records_jsonl, raw_stderr=run.server_log,
+                             build={**run.build, "binary_dir": self.binary_dir()}, info=info, command=run.argv,
+                             metrics=metrics, load_windows=run.windows, serving_levels=run.levels,
+                             stepped=_overhead_series(run.overhead))
+
+
+def _overhead_series(overhead: list[dict[str, float]]) -> dict[str, list[float]]:
+    """The load generator's own cost per level, as stepped series (step = level in run order)."""
+    keys = ("dispatch_lag_ms_p99", "client_cpu_per_request_ms")
+    return {f"serving_loadgen_{k}": [o.get(k, float("nan")) for o in overhead] for k in keys
+            if any(k in o for o in overhead)}
 
 
 def server_slots(cfg: LlamaCppConfig) -> int:

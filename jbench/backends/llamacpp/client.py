@@ -226,8 +226,8 @@ class StreamingClient:
             return {}
 
     @staticmethod
-    def completion_body(prompt: Sequence[int], n_gen: int) -> dict:
-        return {
+    def completion_body(prompt: Sequence[int], n_gen: int, seed: Optional[int] = None) -> dict:
+        body = {
             "prompt": list(prompt),
             "max_tokens": n_gen,
             "n_predict": n_gen,
@@ -237,14 +237,18 @@ class StreamingClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if seed is not None:
+            body["seed"] = seed
+        return body
 
-    def complete(self, prompt: Sequence[int], n_gen: int, *, index: int = 0, worker: int = 0) -> RequestRecord:
+    def complete(self, prompt: Sequence[int], n_gen: int, *, index: int = 0, worker: int = 0,
+                 seed: Optional[int] = None) -> RequestRecord:
         """One streamed /v1/completions request, timed from the send to the stream's end.
 
         Each request gets a fresh connection, opened and primed with GET /health before the clock starts
         (llama-server closes a connection after a streamed response; through an SSH tunnel the priming
         request also opens the channel), so TTFT holds neither TCP nor channel setup."""
-        data = json.dumps(self.completion_body(prompt, n_gen)).encode()
+        data = json.dumps(self.completion_body(prompt, n_gen, seed)).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         clock = time.perf_counter
         self.conn.close()

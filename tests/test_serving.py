@@ -1,0 +1,191 @@
+"""The serving scenario end to end: the REAL llama-server of `jbench setup` with the bundled Gemma 3 270M Q4_0 under
+load levels (tiny prompts, few tokens, one server thread: the test machine has 2 cores), through the backend and
+through `jbench sweep +experiment=serving` into MLflow; over SSH on the emulated Jetson. The levels' analysis is
+tests/test_serving_analysis.py's, the record's tests/test_serving_stage.py's, the load generator's
+tests/test_serving_loadgen.py's."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from jbench.backends.llamacpp import client
+from jbench.backends.llamacpp.backend import LlamaCppBackend
+from jbench.core.identity import config_hash
+from jbench.device.connect import connect
+from jbench.device.local import LocalConnection
+from jbench.sweeps.plan import plan
+
+from .conftest import jbench_cli
+from .test_latency import assert_server_gone, trial_logger
+
+SMALL = ["+experiment=serving", "model.quant=Q4_0", "backend.threads=1", "serving.slots=2",
+         "serving.requests_per_level=6", "serving.input.kind=fixed", "serving.input.mean=16", "serving.output.mean=8",
+         "backend.timeout_s=300"]
+
+
+def make_trial(*overrides: str):
+    p = plan([*SMALL, *overrides])
+    assert not p.problems, p.problems
+    return p.trials[0]
+
+
+def level_rows(raw: str) -> list[dict]:
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+@pytest.mark.e2e  # plans on the bundled model
+def test_bad_serving_input_is_refused_whole_before_anything_runs(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 8, "output_tokens": 4}\n{"arrival_s": 1, "output_tokens": 4}\n')
+    p = plan([*SMALL, "serving.load=burst", "serving.search=slo", "serving.input.low=0",
+              "serving.slo.ttft_ms=null", "serving.slo.tpot_ms=null",
+              f"serving.trace={trace}"])
+    text = "\n".join(p.problems)
+    assert "serving.load 'burst' is not valid" in text
+    assert "serving.search=slo needs a target" in text
+    assert "serving.input.low" in text
+    assert f"{trace}:2" in text  # the trace's bad line, by number
+    assert any("not a whole number" in m for m in plan([*SMALL, "serving.levels=[1,2.5]"]).problems)
+
+
+@pytest.mark.e2e  # plans on the bundled model
+def test_serving_keys_are_identity_only_in_the_serving_scenario():
+    bench = plan(["model.quant=Q4_0"]).trials[0]
+    changed = dict(bench.config, serving=dict(bench.config["serving"], requests_per_level=99))
+    assert config_hash(changed) == bench.config_hash
+    t = make_trial()
+    more = dict(t.config, serving=dict(t.config["serving"], requests_per_level=99))
+    assert config_hash(more) != t.config_hash
+    timeout = dict(t.config, serving=dict(t.config["serving"], level_timeout_s=5.0))
+    assert config_hash(timeout) == t.config_hash
+
+
+@pytest.mark.e2e
+def test_a_ladder_against_real_llama_server_gives_levels_windows_and_every_request(llama_build, bundled_model):
+    trial = make_trial("serving.levels=[1,2,4]")
+    log, lines = trial_logger("serving-ladder")
+    result = LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
+    assert_server_gone(lines.lines, result.command)
+    argv = result.command
+    assert argv[argv.index("--parallel") + 1] == "2" and argv[argv.index("-c") + 1] == "512"
+    assert [lv.load for lv in result.serving_levels] == [1.0, 2.0, 4.0]
+    assert [w.name for w in result.load_windows] == ["level1", "level2", "level3"]
+    for lv, w in zip(result.serving_levels, result.load_windows):
+        assert len(lv.outcomes) == 6 and all(o.ok for o in lv.outcomes)
+        assert all(o.output_tokens == 8 and o.prompt_tokens == 16 for o in lv.outcomes)
+        assert w.output_tokens == 48 and w.total_tokens == 6 * 24
+        # The window is the level's stretch, on the device's clock (here the same machine: the same clock).
+        assert w.end - w.start == pytest.approx(lv.wall_s, abs=0.05)
+    w1, w2 = result.load_windows[:2]
+    assert w1.end <= w2.start + 0.05
+    rows = level_rows(result.raw_output)
+    assert len(rows) == 18 and {r["level"] for r in rows} == {1, 2, 3}
+    assert all(r["cached_tokens"] == 0 for r in rows)  # no request reused another's prompt cache
+    # At 4 in flight against 2 slots, requests were sent before others ended (a real queue on the server).
+    level3 = [r for r in rows if r["level"] == 3]
+    first_end = min(r["sent_at"] + r["e2e_s"] for r in level3)
+    assert sum(r["sent_at"] < first_end for r in level3) == 4
+    assert result.phases == {}  # a served request's TTFT is no prefill rate
+    assert math.isfinite(result.metrics["serving_clock_uncertainty_ms"])
+
+
+@pytest.mark.e2e
+def test_the_slo_search_brackets_and_bisects_on_a_real_server(llama_build, bundled_model):
+    # A TTFT target a queue of two waiting requests breaks: the search climbs 1, 2, 4 ... and stops where it fails.
+    trial = make_trial("serving.search=slo", "serving.levels=[1]", "serving.max_load=4", "serving.replicates=1",
+                       "serving.slo.ttft_ms=60000", "serving.requests_per_level=4")
+    log, lines = trial_logger("serving-search")
+    result = LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
+    assert_server_gone(lines.lines, result.command)
+    loads = [lv.load for lv in result.serving_levels]
+    # A one-minute TTFT holds at every load: the search climbs to max_load and stops, not bracketed.
+    assert loads == [1.0, 2.0, 4.0]
+
+
+@pytest.mark.e2e
+def test_an_open_loop_far_over_capacity_is_stopped_as_over_saturated(llama_build, bundled_model):
+    # One slot serves about 3 requests/s here; 10/s for 6 s grows its queue by the second, and the level stops
+    # sending once 8 answers show it.
+    trial = make_trial("serving.load=rate", "serving.levels=[10]", "serving.arrival=constant", "serving.slots=1",
+                       "serving.requests_per_level=60", "serving.output.mean=16")
+    log, lines = trial_logger("serving-saturated")
+    result = LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
+    assert_server_gone(lines.lines, result.command)
+    [level] = result.serving_levels
+    assert level.stopped_early and "queue grows" in level.stopped_early
+    assert sum(o.ok for o in level.outcomes) < 60  # it stopped sending
+
+
+@pytest.mark.e2e
+def test_server_is_stopped_when_the_run_is_interrupted_mid_level(llama_build, bundled_model, monkeypatch):
+    real_complete = client.StreamingClient.complete
+    calls = []
+
+    def interrupting(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(client.StreamingClient, "complete", interrupting)
+    trial = make_trial("serving.levels=[2]")
+    log, lines = trial_logger("serving-ctrl-c")
+    with pytest.raises(KeyboardInterrupt):
+        LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
+    assert_server_gone(lines.lines)
+    assert any("llama-server stopped" in line for line in lines.lines)
+
+
+@pytest.mark.e2e
+def test_jbench_sweep_experiment_serving_records_every_level_in_mlflow(tmp_path, llama_build, bundled_model):
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
+    res = jbench_cli(["sweep", *SMALL, "serving.levels=[1,2,4]", "serving.slo.ttft_ms=60000",
+                      "telemetry.idle_s=0.5", "telemetry.cooldown_s=0"], env_extra=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "serving" in res.stdout and "SLO" in res.stdout
+    c = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
+    exp = c.get_experiment_by_name("serving")
+    [run] = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("jbench.kind") == "trial"]
+    m, tags = run.data.metrics, run.data.tags
+    assert run.info.status == "FINISHED"
+    assert m["serving_levels_run"] == 3 and m["serving_max_output_tps"] > 0
+    history = c.get_metric_history(run.info.run_id, "serving_output_tps")
+    assert [h.step for h in history] == [0, 1, 2] and all(h.value > 0 for h in history)
+    loads = c.get_metric_history(run.info.run_id, "serving_level_load")
+    assert [h.value for h in loads] == [1.0, 2.0, 4.0]
+    assert m["serving_slo_capacity"] == 4.0 and tags["serving.slo_capacity"].startswith("not bracketed")
+    assert "serving.knee_load" in tags
+    # No power sensor here: no energy figure, the reason instead.
+    if tags.get("energy.status", "").startswith("not measured"):
+        assert "serving_output_tokens_per_joule" not in m and tags["serving.energy"].startswith("not measured")
+    table = Path(c.download_artifacts(run.info.run_id, "serving/levels.csv", str(tmp_path)))
+    rows = list(csv.DictReader(io.StringIO(table.read_text())))
+    assert [float(r["load"]) for r in rows] == [1.0, 2.0, 4.0] and all(float(r["requests"]) == 6 for r in rows)
+    raw = Path(c.download_artifacts(run.info.run_id, "raw/stdout.txt", str(tmp_path))).read_text()
+    assert len(level_rows(raw)) == 18
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_serving_over_ssh_starts_and_stops_the_server_on_the_device(llama_build, bundled_model, orin_nano):
+    trial = make_trial("serving.levels=[1,2]", "serving.requests_per_level=3")
+    log, lines = trial_logger("serving-ssh")
+    with connect(orin_nano.device_config(name="emu")) as conn:
+        backend = LlamaCppBackend(trial.config["backend"])
+        assert backend.preflight(conn) == []
+        result = backend.run(trial, conn, log)
+        assert_server_gone(lines.lines, result.command)  # same machine: the device's pid and port are ours
+    assert [lv.load for lv in result.serving_levels] == [1.0, 2.0]
+    assert all(o.ok and o.output_tokens == 8 for lv in result.serving_levels for o in lv.outcomes)
+    # Windows on the device's clock, read through the connection: the offset's uncertainty is recorded.
+    assert result.metrics["serving_clock_uncertainty_ms"] >= 0
+    for lv, w in zip(result.serving_levels, result.load_windows):
+        assert w.end - w.start == pytest.approx(lv.wall_s, abs=0.05)
