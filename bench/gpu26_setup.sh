@@ -13,12 +13,15 @@ if ls $G/before/jbench-*.whl > /dev/null 2>&1; then
 fi
 export PATH=$W/site/bin:$PATH
 (cd $W && PYTHONPATH=$W/site python3 -c "import jbench, pynvml, mlflow; print('lean jbench from', jbench.__file__)") || return 1
-if [ ! -x $B/llama-bench ]; then
+# SERVER=1: llama-server and llama-batched-bench too (bench/serving_device.sh).
+EXTRA_TARGETS=""; SERVER_FLAG=OFF
+if [ "${SERVER:-0}" = 1 ]; then EXTRA_TARGETS="llama-server llama-batched-bench"; SERVER_FLAG=ON; fi
+if [ ! -x $B/llama-bench ] || { [ "$SERVER_FLAG" = ON ] && [ ! -x $B/llama-server ]; }; then
   rm -rf $W/src; mkdir -p $W/src && tar -xJf $G/llama.cpp.tar.xz -C $W/src
   cmake -S $W/src/llama.cpp -B $W/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMIT=0c1e57098 > $W/cmake.log 2>&1 || { tail -40 $W/cmake.log; return 1; }
-  cmake --build $W/build -j 16 --target llama-bench llama-quantize > $W/build.log 2>&1 || { tail -40 $W/build.log; return 1; }
+    -DLLAMA_BUILD_SERVER=$SERVER_FLAG -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMIT=0c1e57098 > $W/cmake.log 2>&1 || { tail -40 $W/cmake.log; return 1; }
+  cmake --build $W/build -j 16 --target llama-bench llama-quantize $EXTRA_TARGETS > $W/build.log 2>&1 || { tail -40 $W/build.log; return 1; }
   echo "build done at $(( $(date +%s) - T0 )) s"
 fi
 if [ ! -f $W/ladder/F16.gguf ]; then
