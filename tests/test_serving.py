@@ -189,3 +189,26 @@ def test_serving_over_ssh_starts_and_stops_the_server_on_the_device(llama_build,
     assert result.metrics["serving_clock_uncertainty_ms"] >= 0
     for lv, w in zip(result.serving_levels, result.load_windows):
         assert w.end - w.start == pytest.approx(lv.wall_s, abs=0.05)
+
+
+@pytest.mark.ssh
+@pytest.mark.e2e
+def test_ctrl_c_mid_level_over_ssh_leaves_no_server_on_the_device(llama_build, bundled_model, orin_nano,
+                                                                 monkeypatch):
+    real_complete = client.StreamingClient.complete
+    calls = []
+
+    def interrupting(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(client.StreamingClient, "complete", interrupting)
+    trial = make_trial("serving.levels=[2]", "serving.requests_per_level=6")
+    log, lines = trial_logger("serving-ssh-ctrl-c")
+    with connect(orin_nano.device_config(name="emu")) as conn:
+        with pytest.raises(KeyboardInterrupt):
+            LlamaCppBackend(trial.config["backend"]).run(trial, conn, log)
+        assert_server_gone(lines.lines)  # the emulated device is this machine: its pid is ours to look at
+        assert any("llama-server stopped" in line for line in lines.lines)
