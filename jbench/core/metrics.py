@@ -343,6 +343,11 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
        "clock); absent when the server reports no timings", MEASURE, "latency", better=HIGHER, backend="llamacpp"),
     _d("server_decode_tps", "tok/s", "mean over requests of llama-server's own timings.predicted_per_second (server "
        "clock); absent when the server reports no timings", MEASURE, "latency", better=HIGHER, backend="llamacpp"),
+    _d("draft_acceptance", "1", "speculative decoding (backend.draft / spec_type): the draft tokens the target "
+       "accepted / the draft tokens proposed, summed over the requests from llama-server's own timings.draft_n_accepted "
+       "and draft_n; absent when no request reported them", MEASURE, "latency", better=HIGHER, backend="llamacpp"),
+    _d("draft_tokens_per_output_token", "1", "draft tokens proposed / output tokens, over the requests that reported "
+       "llama-server's draft counters", MEASURE, "latency", backend="llamacpp"),
     # --- the in-house engine's GEMV trace (backend.trace=true): jbench.backends.engine.backend, recorded by Measure
     _d("gemv_launches_per_token", "1/tok", "GEMV launches in one decoded token's block of the trace", MEASURE,
        "engine", backend="engine"),
@@ -483,7 +488,12 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("serving_loadgen_dispatch_lag_ms_p99", "ms", "the load generator's own cost per level: percentile 99 of how "
        "late a request left: after it was due (open loop), after its worker became free (closed loop)", MEASURE, "serving", stepped=True, backend="llamacpp"),
     _d("serving_loadgen_client_cpu_per_request_ms", "ms", "the load generator's CPU time per request on the "
-       "controller, per level", MEASURE, "serving", stepped=True, backend="llamacpp"),)
+       "controller, per level", MEASURE, "serving", stepped=True, backend="llamacpp"),
+    _d("serving_draft_acceptance", "1", "each level's speculative-decoding acceptance: draft tokens accepted / "
+       "proposed, summed over its completed requests from llama-server's own timings (draft_n_accepted, draft_n); "
+       "absent without a draft", SERVING, "serving", better=HIGHER, stepped=True, backend="llamacpp"),
+    _d("serving_draft_tokens_per_output_token", "1", "each level's draft tokens proposed / output tokens, over its "
+       "requests that reported the server's draft counters", SERVING, "serving", stepped=True, backend="llamacpp"),)
 
 
 def _index(decls: tuple[MetricDecl, ...]) -> dict[str, MetricDecl]:

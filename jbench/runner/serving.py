@@ -22,6 +22,9 @@ from jbench.runner.stages import Stage
 LEVEL_SERIES = ("request_throughput_rps", "output_tps", "total_tps", "goodput_rps", "slo_attainment",
                 *(f"{m}_ms_p{q}" for m in ("ttft", "tpot", "itl", "e2e") for q in (50, 90, 99)))
 
+# Speculative decoding per level (backend.draft / spec_type), from the server's own counters; absent without them.
+DRAFT_SERIES = ("draft_acceptance", "draft_tokens_per_output_token")
+
 
 def _slo(cfg: ServingConfig) -> Slo:
     return Slo(ttft_ms=cfg.slo.ttft_ms, tpot_ms=cfg.slo.tpot_ms, e2e_ms=cfg.slo.e2e_ms,
@@ -51,14 +54,19 @@ def _estimate(out: Result, name: str, est: Estimate) -> None:
 
 
 def serving_result(cfg: ServingConfig, levels: list[Level], windows: list[LoadWindow],
-                   energy: dict[str, WindowEnergy], energy_problem: Optional[str] = None) -> Result:
-    """Everything the serving scenario records beyond the trial's phase speeds (pure over its inputs)."""
+                   energy: dict[str, WindowEnergy], energy_problem: Optional[str] = None,
+                   draft: Optional[list[dict[str, float]]] = None) -> Result:
+    """Everything the serving scenario records beyond the trial's phase speeds (pure over its inputs). draft: each
+    level's speculative-decoding figures as the backend read them from the server (DRAFT_SERIES keys; a level
+    without them has an empty dict)."""
     out = Result()
     slo = _slo(cfg)
     rows: list[dict[str, float]] = []
     for i, (level, window) in enumerate(zip(levels, windows), start=1):
         row = {"level": float(i), "load": level.load, **level_figures(level, slo)}
         row.update(level_energy(window, energy.get(window.name)))
+        if draft and i <= len(draft):
+            row.update({k: float(v) for k, v in draft[i - 1].items() if k in DRAFT_SERIES})
         rows.append(row)
         if level.stopped_early:
             out.findings.append(Finding("serving_oversaturated", f"level {i} ({cfg.load} {level.load:g}): "
@@ -68,7 +76,7 @@ def serving_result(cfg: ServingConfig, levels: list[Level], windows: list[LoadWi
             out.tags[f"energy.{window.name}.status"] = status.status
     out.stepped["serving_level_load"] = [r["load"] for r in rows]
     for key in (*LEVEL_SERIES, "output_tokens_per_joule", "total_tokens_per_joule", "joules_per_output_token",
-                "avg_power_w"):
+                "avg_power_w", *DRAFT_SERIES):
         if any(key in r for r in rows):
             out.stepped[f"serving_{key}"] = [r.get(key, math.nan) for r in rows]
     out.metrics["serving_levels_run"] = float(len(levels))
@@ -128,4 +136,4 @@ class Serving(Stage):
         if not ctx.load_energy:
             problem = ctx.record.tags.get("energy.status", "no telemetry").removeprefix("not measured: ")
         ctx.record.merge(serving_result(ctx.cfg.serving, list(result.serving_levels), list(result.load_windows),
-                                        ctx.load_energy, problem))
+                                        ctx.load_energy, problem, draft=result.info.get("serving_draft")))

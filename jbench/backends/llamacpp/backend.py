@@ -10,13 +10,16 @@ load_mode), so nothing depends on field order or on fields jbench does not use.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import logging
 import os
 import re
 import shlex
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from jbench.analysis.memory import parse_buffers
 from jbench.analysis.settle import settle_phase
@@ -24,7 +27,7 @@ from jbench.device.connection import CommandTimeout, Connection
 from jbench.device.rusage import peak_rss_argv, split_peak_rss
 from jbench.device.telemetry.samplers import stamped
 from jbench.models.store import ModelError, check_quant, resolve_model_file
-from jbench.core.schema import bounded
+from jbench.core.schema import ModelConfig, ModelSection, bounded, typed
 from jbench.core.trial import Trial
 from jbench.core.results import BackendResult
 from jbench.backends.llamacpp import client, quality, server, serving
@@ -40,6 +43,12 @@ FLASH_ATTN = {"auto": None, "on": "1", "off": "0"}
 # llama-server spells it -fa on|off|auto; "auto" omits the flag.
 SERVER_FLASH_ATTN = {"auto": None, "on": "on", "off": "off"}
 SCENARIOS = ("bench", "latency", "serving")
+SERVER_SCENARIOS = ("latency", "serving")  # the scenarios that run llama-server
+# This build's --spec-type values (common/speculative.cpp). draft-*: a draft model (-md) proposes tokens; eagle3,
+# mtp, dflash and dspark need a draft GGUF made for them. ngram-*: draft-free lookup in the context so far.
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -86,6 +95,19 @@ class LlamaCppConfig:
     context: Optional[int] = field(default=None, metadata={"identity": "latency"})
     # Latency scenario: extra llama-server arguments (extra_args are llama-bench's), separate argv items.
     server_extra_args: List[str] = field(default_factory=list, metadata={"identity": "latency"})
+    # Speculative decoding on llama-server (latency and serving scenarios; docs/serving.md "Techniques"): the draft
+    # model (-md), a quant name of the trial's own model (Q4_0: that file of model.name) or a GGUF path. It must
+    # share the target's vocabulary (checked at plan time). None: no draft model.
+    draft: Optional[str] = field(default=None, metadata={"identity": SERVER_SCENARIOS})
+    # --spec-draft-n-max / --spec-draft-n-min (this build's names; --draft-max was removed); None: the server's own.
+    draft_max: Optional[int] = field(default=None, metadata={"identity": SERVER_SCENARIOS})
+    draft_min: Optional[int] = field(default=None, metadata={"identity": SERVER_SCENARIOS})
+    # --spec-type: one of SPEC_TYPES. None: draft-simple with a draft model, else no speculation. The ngram-* types
+    # need no draft model (their own knobs, --spec-ngram-*, go in server_extra_args).
+    spec_type: Optional[str] = field(default=None, metadata={"identity": SERVER_SCENARIOS})
+    # Environment of every llama.cpp process the backend starts (llama-bench, llama-server), e.g.
+    # {GGML_CUDA_DISABLE_GRAPHS: "1"}: CUDA graphs off in a CUDA build (docs/backends.md).
+    env: Dict[str, str] = field(default_factory=dict, metadata={"identity": True})
 
 
 
@@ -131,6 +153,8 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         if cfg.threads is not None and cfg.threads < 1:
             problems.append(f"backend.threads must be >= 1 (got {cfg.threads})")
         problems += self._validate_scenario(cfg)
+        problems += env_problems(cfg.env)
+        problems += speculative_problems(cfg, model)
         if cfg.scenario == "serving":
             problems += serving.validate(trial.cfg.serving)
             if cfg.extra_args:
@@ -207,8 +231,9 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         """The trial's output quality with llama-perplexity against its reference (jbench.backends.llamacpp.quality)."""
         return quality.measure_quality(self, trial, conn, log, request)
 
-    def server_command(self, trial: Trial, model_path: str, port: int) -> list[str]:
-        """llama-server's argument list for the latency and serving scenarios."""
+    def server_command(self, trial: Trial, model_path: str, port: int, draft_path: Optional[str] = None) -> list[str]:
+        """llama-server's argument list for the latency and serving scenarios (draft_path: backend.draft on the
+        device), behind `env NAME=VALUE` items for backend.env."""
         cfg = self.config_of(trial)
         if cfg.scenario == "serving":
             slots = serving.server_slots(trial.cfg.serving)
@@ -216,12 +241,14 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         else:
             slots = server_slots(cfg)
             context = cfg.context or server.default_context(cfg.n_prompt, cfg.n_gen, cfg.depth, slots)
-        return server.server_argv(
+        argv = server.server_argv(
             os.path.join(self.binary_dir(), "llama-server"), model_path, port=port, context=context, parallel=slots,
             n_gpu_layers=cfg.n_gpu_layers, cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v,
             flash_attn=SERVER_FLASH_ATTN[cfg.flash_attn], threads=cfg.threads, n_batch=cfg.n_batch,
-            n_ubatch=cfg.n_ubatch, extra_args=cfg.server_extra_args,
+            n_ubatch=cfg.n_ubatch, extra_args=cfg.server_extra_args, draft_path=draft_path,
+            spec_type=speculative_type(cfg), draft_max=cfg.draft_max, draft_min=cfg.draft_min,
         )
+        return server.with_env(argv, env_items(cfg.env))
 
     def command(self, trial: Trial, model_path: str, *, only_phase: Optional[str] = None,
                 repetitions: Optional[int] = None, settle: bool = True) -> list[str]:
@@ -261,15 +288,17 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             repetitions: Optional[int] = None) -> BackendResult:
         cfg = self.config_of(trial)
         model_path = device_model_path(trial, conn)
-        if cfg.scenario == "latency":
-            return self._run_latency(trial, conn, log, model_path, only_phase=only_phase)
-        if cfg.scenario == "serving":
-            return self._run_serving(trial, conn, log, model_path, only_phase=only_phase)
+        if cfg.scenario in SERVER_SCENARIOS:
+            draft_path = self.device_draft_path(trial, conn)
+            if draft_path:
+                log.info("draft model: %s (--spec-type %s)", draft_path, speculative_type(cfg))
+            run = self._run_latency if cfg.scenario == "latency" else self._run_serving
+            return run(trial, conn, log, model_path, draft_path=draft_path, only_phase=only_phase)
         argv = self.command(trial, model_path, only_phase=only_phase, repetitions=repetitions)
         log.info("running: %s", shlex.join(argv))
         try:
             # Stamped with the device clock: each record's time delimits its phase window for energy.
-            res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s)
+            res = conn.run(stamped(argv, start_marker=True), timeout=cfg.timeout_s, env=env_items(cfg.env) or None)
         except CommandTimeout:
             raise timeout_failure("llama-bench", argv, cfg.timeout_s) from None
         log.info("llama-bench exited %d after %.2f s", res.returncode, res.duration_s)
@@ -311,7 +340,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             argv.append("--no-warmup")
         log.info("memory pass: %s", shlex.join(argv))
         try:
-            res = conn.run(peak_rss_argv(argv), timeout=cfg.timeout_s)
+            res = conn.run(peak_rss_argv(argv), timeout=cfg.timeout_s, env=env_items(cfg.env) or None)
         except CommandTimeout:
             raise timeout_failure("llama-bench (memory pass)", argv, cfg.timeout_s) from None
         peak_kib, stderr = split_peak_rss(res.stderr)
@@ -350,8 +379,21 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
                 "extra_args": shlex.join(str(a) for a in extra)}
 
 
+    def device_draft_path(self, trial: Trial, conn: Connection) -> Optional[str]:
+        """backend.draft as a file on the device (None without one); BackendError missing_model when it is absent."""
+        draft = self.config_of(trial).draft
+        if not draft:
+            return None
+        try:
+            path = conn.expand_path(draft_file(trial.cfg.model, draft))
+        except ModelError as exc:
+            raise BackendError("missing_model", f"backend.draft={draft}: {exc}") from None
+        if not conn.exists(path):
+            raise BackendError("missing_model", f"draft model {path} not found on device '{conn.name}'")
+        return path
+
     def _run_latency(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
-                     only_phase: Optional[str] = None) -> BackendResult:
+                     draft_path: Optional[str] = None, only_phase: Optional[str] = None) -> BackendResult:
         """The latency scenario: llama-server on the device, streaming requests (jbench.backends.llamacpp.server)."""
         cfg = self.config_of(trial)
         if only_phase:
@@ -360,12 +402,14 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
             log.info("latency scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
         concurrency = server_slots(cfg)
         run = server.run_latency_scenario(
-            conn, lambda port: self.server_command(trial, model_path, port),
+            conn, lambda port: self.server_command(trial, model_path, port, draft_path),
             n_prompt=cfg.n_prompt, n_gen=cfg.n_gen, requests=cfg.latency_requests,
             concurrency=concurrency, warmup_requests=cfg.latency_warmup_requests,
             ready_timeout_s=cfg.server_ready_timeout_s, timeout_s=cfg.timeout_s, log=log,
         )
         extra = client.latency_metrics(run.records, concurrency, run.wall_s)
+        # Acceptance from the server's own counters; absent (never 0) when no request reported them.
+        extra.update(serving.draft_metrics(run.records))
         log.info("latency: TTFT p50 %.1f ms, ITL p50 %.2f ms, e2e p50 %.1f ms over %d request(s) at concurrency %d",
                  extra.get("ttft_ms_p50", float("nan")), extra.get("itl_ms_p50", float("nan")),
                  extra.get("e2e_ms_p50", float("nan")), len(run.records), concurrency)
@@ -379,18 +423,20 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
 
 
     def _run_serving(self, trial: Trial, conn: Connection, log: logging.Logger, model_path: str, *,
-                     only_phase: Optional[str] = None) -> BackendResult:
+                     draft_path: Optional[str] = None, only_phase: Optional[str] = None) -> BackendResult:
         """The serving scenario (jbench.backends.llamacpp.serving): one server, load levels, a window per level."""
         cfg, load = self.config_of(trial), trial.cfg.serving
         if only_phase:
             log.info("serving scenario: only_phase=%s ignored, the whole scenario runs", only_phase)
-        run = serving.run_serving(conn, lambda port: self.server_command(trial, model_path, port), load,
+        run = serving.run_serving(conn, lambda port: self.server_command(trial, model_path, port, draft_path), load,
                                   ready_timeout_s=cfg.server_ready_timeout_s, timeout_s=cfg.timeout_s, log=log)
         # No phase speeds: a request's TTFT and TPOT are not a prefill or decode rate (lengths vary, requests share
         # the batch); each level's latencies and throughput are the Serving stage's table.
         slots = serving.server_slots(load)
         info = {"scenario": "serving", "server_slots": slots,
-                "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None}
+                "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
+                # Each level's speculative-decoding figures from the server's counters (the Serving stage's table).
+                "serving_draft": [serving.draft_metrics(records) for records in run.level_records]}
         metrics = {"serving_clock_uncertainty_ms": 1000 * run.clock.uncertainty_s} if run.clock else {}
         return BackendResult(raw_output=run.records_jsonl, raw_stderr=run.server_log,
                              build={**run.build, "binary_dir": self.binary_dir()}, info=info, command=run.argv,
@@ -419,3 +465,186 @@ def parse_build_commit(version_text: str) -> Optional[str]:
 
 def binary_path(bin_dir: str, name: str) -> Path:
     return Path(bin_dir) / name
+
+
+# -- speculative decoding and environment knobs ---------------------------------------------------------------------
+
+def env_problems(env: Dict[str, str]) -> list[str]:
+    """backend.env: names a process environment accepts, values that are strings (a number is taken as its text)."""
+    problems = []
+    for name, value in (env or {}).items():
+        if not _ENV_NAME.fullmatch(str(name)):
+            problems.append(f"backend.env: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if value is None or isinstance(value, (dict, list)):
+            problems.append(f"backend.env.{name}: {value!r} is not a string value")
+    return problems
+
+
+def env_items(env: Dict[str, str]) -> dict[str, str]:
+    """backend.env as the str -> str mapping a process takes (Hydra may give 1 for "1")."""
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in (env or {}).items()}
+
+
+def draft_is_path(draft: str) -> bool:
+    return "/" in draft or draft.endswith(".gguf")
+
+
+def draft_file(model: ModelSection, draft: str) -> str:
+    """The draft model's file (on the controller's view of the store, as resolve_model_file gives the target's): a
+    path as given, or the trial's own model at quant `draft`. ModelError when the quant is not known."""
+    if draft_is_path(draft):
+        return os.path.expanduser(draft)
+    section = typed(ModelConfig, model, where="model")
+    path, _ = resolve_model_file(dataclasses.replace(section, quant=draft))
+    return path
+
+
+def speculative_type(cfg: LlamaCppConfig) -> Optional[str]:
+    """The --spec-type llama-server gets: the configured one, or draft-simple with a draft model (this build loads
+    a -md model but drafts nothing while --spec-type stays at its default, none)."""
+    if cfg.spec_type is not None:
+        return cfg.spec_type
+    return "draft-simple" if cfg.draft else None
+
+
+def speculative_problems(cfg: LlamaCppConfig, model: ModelSection) -> list[str]:
+    """Every problem of the speculative-decoding keys, before any device is touched: the scenario, the type, the
+    draft bounds, the draft file and its vocabulary against the target's."""
+    keys = {k: getattr(cfg, k) for k in ("draft", "draft_max", "draft_min", "spec_type") if getattr(cfg, k) is not None}
+    if not keys:
+        return []
+    if cfg.scenario not in SERVER_SCENARIOS:
+        return [f"backend.{', backend.'.join(keys)} apply to llama-server (backend.scenario=latency or serving); "
+                f"llama-bench (scenario {cfg.scenario}) has no draft model"]
+    problems = []
+    spec = speculative_type(cfg)
+    if cfg.spec_type is not None and cfg.spec_type not in SPEC_TYPES:
+        problems.append(f"backend.spec_type '{cfg.spec_type}' is not a --spec-type of this llama.cpp build. "
+                        f"Valid: {', '.join(SPEC_TYPES)}")
+    elif spec is not None and spec.startswith("draft-") and not cfg.draft:
+        problems.append(f"backend.spec_type={spec} needs a draft model: set backend.draft (a quant such as Q4_0, or "
+                        "a GGUF path)")
+    elif cfg.draft and spec is not None and not spec.startswith("draft-"):
+        problems.append(f"backend.draft is set but backend.spec_type={spec} does not use a draft model: "
+                        "leave spec_type unset (draft-simple) or set backend.draft=null")
+    for key in ("draft_max", "draft_min"):
+        value = getattr(cfg, key)
+        if value is not None and value < 0:
+            problems.append(f"backend.{key} must be >= 0 (got {value})")
+    if cfg.draft_max is not None and cfg.draft_min is not None and cfg.draft_min > cfg.draft_max:
+        problems.append(f"backend.draft_min={cfg.draft_min} is above backend.draft_max={cfg.draft_max}")
+    if (cfg.draft_max is not None or cfg.draft_min is not None) and spec in (None, "none"):
+        problems.append("backend.draft_max / draft_min bound a draft: set backend.draft (or a backend.spec_type)")
+    if cfg.draft:
+        problems += _draft_file_problems(cfg.draft, model)
+    return problems
+
+
+def _draft_file_problems(draft: str, model: ModelSection) -> list[str]:
+    if not draft_is_path(draft) and (msg := check_quant(draft)) is not None:
+        return [f"backend.draft: {msg}"]
+    try:
+        path = draft_file(model, draft)
+        target, _ = resolve_model_file(model)
+    except ModelError as exc:
+        return [f"backend.draft={draft}: {exc}"]
+    if not os.path.exists(path):
+        return [f"backend.draft={draft}: {path} does not exist"]
+    if not os.path.exists(os.path.expanduser(target)):
+        # The target lives only on the device (model.files / path_template there): its vocabulary is checked by
+        # llama-server when it loads both (it refuses a draft of another vocabulary type).
+        return []
+    try:
+        mine, theirs = vocabulary(path), vocabulary(os.path.expanduser(target))
+    except (OSError, ValueError) as exc:
+        return [f"backend.draft={draft}: cannot read the vocabulary of {path}: {exc}"]
+    if mine != theirs:
+        how = (f"{mine.size} tokens vs the model's {theirs.size}" if mine.size != theirs.size else
+               f"the same size ({mine.size} tokens) but other tokens" if mine.digest != theirs.digest else
+               f"tokenizer {mine.model!r} vs the model's {theirs.model!r}")
+        return [f"backend.draft={draft} ({path}) has another vocabulary than the model ({target}): {how}; "
+                "a draft must share the target's vocabulary"]
+    return []
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    model: Optional[str]  # tokenizer.ggml.model (llama, gpt2, ...)
+    size: int  # tokenizer.ggml.tokens length
+    digest: str  # SHA-256 over the token strings, each length-prefixed, in id order
+
+
+def vocabulary(path: str) -> Vocabulary:
+    """A GGUF file's vocabulary from its header, read in one buffered pass that stops at the token list (the model
+    facts keep only its length; gguf.GGUFReader takes seconds on a 262k-token vocabulary)."""
+    st = os.stat(path)
+    return _vocabulary(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+_STR, _ARR = 8, 9
+
+
+@functools.lru_cache(maxsize=32)
+def _vocabulary(path: str, size: int, mtime_ns: int) -> Vocabulary:
+    with open(path, "rb", buffering=1 << 20) as f:
+        def take(n: int) -> bytes:
+            data = f.read(n)
+            if len(data) != n:
+                raise ValueError("truncated GGUF header")
+            return data
+
+        def u32() -> int:
+            return struct.unpack("<I", take(4))[0]
+
+        def u64() -> int:
+            return struct.unpack("<Q", take(8))[0]
+
+        def text() -> bytes:
+            n = u64()
+            if n > size:
+                raise ValueError("corrupt GGUF header (a string runs past the end of the file)")
+            return take(n)
+
+        def skip(vtype: int) -> None:
+            if vtype == _STR:
+                text()
+            elif vtype == _ARR:
+                etype, count = u32(), u64()
+                if etype in _FIXED:
+                    f.seek(_FIXED[etype] * count, os.SEEK_CUR)
+                else:
+                    for _ in range(count):
+                        skip(etype)
+            elif vtype in _FIXED:
+                take(_FIXED[vtype])
+            else:
+                raise ValueError(f"unknown GGUF value type {vtype}")
+
+        if take(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        take(4)  # version
+        u64()  # tensors
+        tok_model: Optional[str] = None
+        tokens: Optional[tuple[int, str]] = None
+        for _ in range(u64()):
+            key, vtype = text().decode("utf-8", "replace"), u32()
+            if key == "tokenizer.ggml.model" and vtype == _STR:
+                tok_model = text().decode("utf-8", "replace")
+            elif key == "tokenizer.ggml.tokens" and vtype == _ARR:
+                etype, count = u32(), u64()
+                if etype != _STR:
+                    raise ValueError("tokenizer.ggml.tokens is not a list of strings")
+                h = hashlib.sha256()
+                for _ in range(count):
+                    token = text()
+                    h.update(struct.pack("<Q", len(token)))
+                    h.update(token)
+                tokens = (count, h.hexdigest())
+            else:
+                skip(vtype)
+            if tok_model is not None and tokens is not None:
+                break
+    if tokens is None:
+        raise ValueError("no tokenizer.ggml.tokens in its header")
+    return Vocabulary(model=tok_model, size=tokens[0], digest=tokens[1])

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from jbench.device.connection import CommandTimeout, Connection, DeviceError, PortForward
 
@@ -89,8 +89,12 @@ def default_context(n_prompt: int, n_gen: int, depth: int, slots: int, multiple:
 def server_argv(server_bin: str, model_path: str, *, port: int, context: int, parallel: int, n_gpu_layers: int,
                 cache_type_k: str, cache_type_v: str, flash_attn: Optional[str], threads: Optional[int] = None,
                 n_batch: Optional[int] = None, n_ubatch: Optional[int] = None,
-                extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> list[str]:
-    """llama-server's argument list. flash_attn: "on"/"off", or None to leave the build's default."""
+                extra_args: Sequence[str] = (), host: str = "127.0.0.1", draft_path: Optional[str] = None,
+                spec_type: Optional[str] = None, draft_max: Optional[int] = None,
+                draft_min: Optional[int] = None) -> list[str]:
+    """llama-server's argument list. flash_attn: "on"/"off", or None to leave the build's default. draft_path (-md),
+    spec_type (--spec-type), draft_max/draft_min (--spec-draft-n-max/-min): speculative decoding, None leaves each
+    at the server's default."""
     argv = [server_bin, "-m", model_path, "--host", host, "--port", str(port), "-c", str(context),
             "-ngl", str(n_gpu_layers), "-ctk", cache_type_k, "-ctv", cache_type_v, "--parallel", str(parallel)]
     if flash_attn is not None:
@@ -101,8 +105,25 @@ def server_argv(server_bin: str, model_path: str, *, port: int, context: int, pa
         argv += ["-b", str(n_batch)]
     if n_ubatch is not None:
         argv += ["-ub", str(n_ubatch)]
+    if draft_path is not None:
+        argv += ["-md", draft_path]
+    if spec_type is not None:
+        argv += ["--spec-type", spec_type]
+    if draft_max is not None:
+        argv += ["--spec-draft-n-max", str(draft_max)]
+    if draft_min is not None:
+        argv += ["--spec-draft-n-min", str(draft_min)]
     argv += [str(a) for a in extra_args]
     return argv
+
+
+def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """argv run with these environment variables added, as `env NAME=VALUE ... argv` (separate argv items, no
+    shell): the launcher execs env, which execs the program, so the pid the launcher prints stays the server's."""
+    if not env:
+        return list(argv)
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+
 
 
 def pick_free_port(conn: Connection) -> int:

@@ -120,6 +120,31 @@ def _max_length(section) -> int:
     return int(section.high if section.high is not None else section.mean + 4 * section.std + 1)
 
 
+def draft_metrics(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Speculative decoding over completed requests, from the counters llama-server puts in each stream's final
+    `timings` (draft_n: tokens the draft proposed, draft_n_accepted: those the target kept): the acceptance rate
+    sum(accepted) / sum(drafted) and drafted tokens per output token. Empty (absent, never 0) when no request
+    reported the counters (no speculation configured, or a build without them); no acceptance when nothing was
+    drafted (0 / 0)."""
+    counted = [r for r in records if _count(r, "draft_n") is not None and _count(r, "draft_n_accepted") is not None]
+    if not counted:
+        return {}
+    drafted = sum(_count(r, "draft_n") for r in counted)
+    accepted = sum(_count(r, "draft_n_accepted") for r in counted)
+    output = sum(r.output_tokens for r in counted)
+    out: dict[str, float] = {}
+    if drafted > 0:
+        out["draft_acceptance"] = accepted / drafted
+    if output > 0:
+        out["draft_tokens_per_output_token"] = drafted / output
+    return out
+
+
+def _count(record: RequestRecord, key: str) -> Optional[float]:
+    value = record.server_timings.get(key)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else None
+
+
 @dataclass
 class ServingRun:
     levels: list[Level]
