@@ -219,12 +219,15 @@ def test_telemetry_series_are_declared():
 
 def test_latency_metrics_emit_the_latency_declarations():
     from jbench.backends.llamacpp.client import RequestRecord, latency_metrics
+    from jbench.backends.llamacpp.serving import draft_metrics
 
+    # With a draft model: the server's counters in each request's final timings (what the latency scenario adds).
     records = [RequestRecord(index=i, worker=0, sent_at=float(i), ttft_s=0.05 + i / 100, e2e_s=0.5 + i / 50,
                              token_times_s=[], output_tokens=8, tokens_source="usage", streamed_token_chunks=8,
-                             server_timings={"prompt_per_second": 300.0 + i, "predicted_per_second": 20.0 + i})
+                             server_timings={"prompt_per_second": 300.0 + i, "predicted_per_second": 20.0 + i,
+                                             "draft_n": 6, "draft_n_accepted": 4})
                for i in range(5)]
-    metrics = latency_metrics(records, concurrency=2, wall_s=1.5)
+    metrics = {**latency_metrics(records, concurrency=2, wall_s=1.5), **draft_metrics(records)}
     assert set(metrics) == _names("latency")
     assert all(metric(n).backend == "llamacpp" for n in metrics)
 
