@@ -33,7 +33,7 @@ def test_experiment_sets_grid_and_backend_values():
     "override, expected",
     [
         ("model=nope", "unknown model 'nope'. Valid model names: gemma3_270m"),
-        ("+experiment=nope", "unknown experiment 'nope'. Valid experiment names: backend_shootout, context_sweep, kv_precision, nightly, power_modes, quant_ladder, serving"),
+        ("+experiment=nope", "unknown experiment 'nope'. Valid experiment names: backend_shootout, context_sweep, kv_precision, nightly, power_modes, quant_ladder, serving, speculative"),
         ("device=lab_orin", "unknown device 'lab_orin'. Valid device names: local"),
         ("backend=vllm", "unknown backend 'vllm'. Valid backend names: engine, llamacpp, trtllm"),
         ("backend.n_gne=3", "unknown config key 'backend.n_gne'. Did you mean backend.n_gen?"),
