@@ -92,7 +92,7 @@ def test_a_ladder_against_real_llama_server_gives_levels_windows_and_every_reque
     # At 4 in flight against 2 slots, requests were sent before others ended (a real queue on the server).
     level3 = [r for r in rows if r["level"] == 3]
     first_end = min(r["sent_at"] + r["e2e_s"] for r in level3)
-    assert sum(r["sent_at"] < first_end for r in level3) == 4
+    assert sum(r["sent_at"] < first_end for r in level3) >= 3  # more in flight than the 2 slots
     assert result.phases == {}  # a served request's TTFT is no prefill rate
     assert math.isfinite(result.metrics["serving_clock_uncertainty_ms"])
 
@@ -112,16 +112,16 @@ def test_the_slo_search_brackets_and_bisects_on_a_real_server(llama_build, bundl
 
 @pytest.mark.e2e
 def test_an_open_loop_far_over_capacity_is_stopped_as_over_saturated(llama_build, bundled_model):
-    # One slot serves about 3 requests/s here; 10/s for 6 s grows its queue by the second, and the level stops
-    # sending once 8 answers show it.
-    trial = make_trial("serving.load=rate", "serving.levels=[10]", "serving.arrival=constant", "serving.slots=1",
-                       "serving.requests_per_level=60", "serving.output.mean=16")
+    # One slot on one thread serves about 1.5 requests/s of 32 tokens here (less on a loaded machine); 4/s for 20 s
+    # grows its queue by the second, and the level stops sending once 8 answers show it, long before the last is due.
+    trial = make_trial("serving.load=rate", "serving.levels=[4]", "serving.arrival=constant", "serving.slots=1",
+                       "serving.requests_per_level=80", "serving.output.mean=32")
     log, lines = trial_logger("serving-saturated")
     result = LlamaCppBackend(trial.config["backend"]).run(trial, LocalConnection(), log)
     assert_server_gone(lines.lines, result.command)
     [level] = result.serving_levels
     assert level.stopped_early and "queue grows" in level.stopped_early
-    assert sum(o.ok for o in level.outcomes) < 60  # it stopped sending
+    assert sum(o.ok for o in level.outcomes) < 80  # it stopped sending
 
 
 @pytest.mark.e2e
