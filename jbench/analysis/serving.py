@@ -128,6 +128,11 @@ class Slo:
         return True
 
 
+def slo_from(section: Any) -> Slo:
+    """The Slo of a `serving.slo` config section (jbench.core.schema.SloConfig, or anything with its fields)."""
+    return Slo(ttft_ms=section.ttft_ms, tpot_ms=section.tpot_ms, e2e_ms=section.e2e_ms, attainment=section.attainment)
+
+
 @dataclass(frozen=True)
 class Level:
     """One load level as run (a level may be run more than once: replicates)."""

@@ -11,7 +11,7 @@ import math
 from typing import Optional
 
 from jbench.analysis.energy import WindowEnergy
-from jbench.analysis.serving import Estimate, Level, Slo, knee, level_figures, slo_capacity
+from jbench.analysis.serving import Estimate, Level, knee, level_figures, slo_capacity, slo_from
 from jbench.core import metrics
 from jbench.core.results import Finding, LoadWindow, Result
 from jbench.core.schema import ServingConfig
@@ -24,11 +24,6 @@ LEVEL_SERIES = ("request_throughput_rps", "output_tps", "total_tps", "goodput_rp
 
 # Speculative decoding per level (backend.draft / spec_type), from the server's own counters; absent without them.
 DRAFT_SERIES = ("draft_acceptance", "draft_tokens_per_output_token")
-
-
-def _slo(cfg: ServingConfig) -> Slo:
-    return Slo(ttft_ms=cfg.slo.ttft_ms, tpot_ms=cfg.slo.tpot_ms, e2e_ms=cfg.slo.e2e_ms,
-               attainment=cfg.slo.attainment)
 
 
 def level_energy(window: LoadWindow, energy: Optional[WindowEnergy]) -> dict[str, float]:
@@ -60,7 +55,7 @@ def serving_result(cfg: ServingConfig, levels: list[Level], windows: list[LoadWi
     level's speculative-decoding figures as the backend read them from the server (DRAFT_SERIES keys; a level
     without them has an empty dict)."""
     out = Result()
-    slo = _slo(cfg)
+    slo = slo_from(cfg.slo)
     rows: list[dict[str, float]] = []
     for i, (level, window) in enumerate(zip(levels, windows), start=1):
         row = {"level": float(i), "load": level.load, **level_figures(level, slo)}
@@ -87,12 +82,13 @@ def serving_result(cfg: ServingConfig, levels: list[Level], windows: list[LoadWi
         out.tags["serving.energy"] = f"not measured: {energy_problem}"
     k = knee(levels)
     _estimate(out, "serving_knee_load", k)
-    if slo.defined:
-        cap = slo_capacity(levels, slo)
+    cap = slo_capacity(levels, slo) if slo.defined else None
+    if cap is not None:
         _estimate(out, "serving_slo_capacity", cap)
         if not math.isnan(cap.value):
             at = [r for r in rows if r["load"] == cap.value]
-            for key, name in (("output_tps", "serving_capacity_output_tps"), ("goodput_rps", "serving_capacity_goodput_rps"),
+            for key, name in (("output_tps", "serving_capacity_output_tps"),
+                              ("goodput_rps", "serving_capacity_goodput_rps"),
                               ("output_tokens_per_joule", "serving_capacity_output_tokens_per_joule")):
                 vals = [r[key] for r in at if key in r and not math.isnan(r[key])]
                 if vals:
@@ -105,7 +101,7 @@ def serving_result(cfg: ServingConfig, levels: list[Level], windows: list[LoadWi
         "load": cfg.load, "search": cfg.search, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms,
                                                         "e2e_ms": slo.e2e_ms, "attainment": slo.attainment},
         "levels": rows, "knee": k.__dict__,
-        "slo_capacity": slo_capacity(levels, slo).__dict__ if slo.defined else None,
+        "slo_capacity": cap.__dict__ if cap is not None else None,
     }, indent=2, default=float)
     return out
 

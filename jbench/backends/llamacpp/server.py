@@ -383,6 +383,22 @@ class LatencyRun:
         return "\n".join(lines) + "\n"
 
 
+def prompt_source_and_props(server: LlamaServer, timeout_s: float) -> tuple[list[int], list[int], dict]:
+    """A ready server's tokenizer prefix and body tokens (prompt_tokens_source) and its /props."""
+    client = server.client(timeout=timeout_s)
+    try:
+        prefix, body = prompt_tokens_source(client)
+        return prefix, body, client.props()
+    finally:
+        client.close()
+
+
+def build_of(props: dict) -> dict[str, str]:
+    """build_number and build_commit from the server's /props build_info ("b1234-abcdef0"), else empty."""
+    m = _BUILD_INFO.search(str(props.get("build_info", "")))
+    return {"build_number": m.group(1), "build_commit": m.group(2)} if m else {}
+
+
 def run_latency_scenario(conn: Connection, argv_for_port: Callable[[int], list[str]], *, n_prompt: int, n_gen: int,
                          requests: int, concurrency: int, warmup_requests: int, ready_timeout_s: float,
                          timeout_s: float, log: Optional[logging.Logger] = None) -> LatencyRun:
@@ -391,12 +407,7 @@ def run_latency_scenario(conn: Connection, argv_for_port: Callable[[int], list[s
     server = LlamaServer(conn, argv_for_port, ready_timeout_s=ready_timeout_s, log=log)
     try:
         server.start()
-        client = server.client(timeout=timeout_s)
-        try:
-            prefix, body = prompt_tokens_source(client)
-            props = client.props()
-        finally:
-            client.close()
+        prefix, body, props = prompt_source_and_props(server, timeout_s)
         total = warmup_requests + requests
         prompts = [build_prompt(prefix, body, n_prompt, variant=i) for i in range(total)]
         warm: list[RequestRecord] = []
@@ -429,9 +440,5 @@ def run_latency_scenario(conn: Connection, argv_for_port: Callable[[int], list[s
                         n_prompt)
         if r.cached_tokens:
             log.warning("request %d: the server reused %d cached prompt tokens", r.index, r.cached_tokens)
-    build = {}
-    m = _BUILD_INFO.search(str(props.get("build_info", "")))
-    if m:
-        build = {"build_number": m.group(1), "build_commit": m.group(2)}
     return LatencyRun(records=records, warmup_records=warm, wall_s=wall, server_log=server.log_text(),
-                      argv=list(server.argv or []), build=build, prompt_tokens=n_prompt)
+                      argv=list(server.argv or []), build=build_of(props), prompt_tokens=n_prompt)

@@ -21,11 +21,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from jbench.analysis.serving import CapacitySearch, Level, RequestOutcome, Slo, oversaturated
+from jbench.analysis.serving import CapacitySearch, Level, RequestOutcome, oversaturated, slo_from
 from jbench.backends.base import BackendError
-from jbench.backends.llamacpp.client import (RequestError, RequestRecord, StreamingClient, build_prompt,
-                                             prompt_tokens_source)
-from jbench.backends.llamacpp.server import _BUILD_INFO, LlamaServer
+from jbench.backends.llamacpp.client import RequestError, RequestRecord, StreamingClient, build_prompt
+from jbench.backends.llamacpp.server import LlamaServer, build_of, prompt_source_and_props
 from jbench.backends.serving import loadgen, workload
 from jbench.core.results import LoadWindow
 from jbench.core.schema import ServingConfig
@@ -38,11 +37,6 @@ SEARCHES = ("grid", "slo")
 LENGTH_KINDS = ("fixed", "uniform", "normal")
 # Open-loop requests in flight at most (client threads); beyond it a request waits and its lag is recorded.
 MAX_IN_FLIGHT = 128
-
-
-def slo_of(cfg: ServingConfig) -> Slo:
-    return Slo(ttft_ms=cfg.slo.ttft_ms, tpot_ms=cfg.slo.tpot_ms, e2e_ms=cfg.slo.e2e_ms,
-               attainment=cfg.slo.attainment)
 
 
 def length_dist(section) -> workload.LengthDist:
@@ -96,10 +90,6 @@ def validate(cfg: ServingConfig) -> list[str]:
             workload.load_trace(cfg.trace)
         except (OSError, ValueError) as exc:
             problems.append(f"serving.trace: {exc}")
-    slots = server_slots(cfg)
-    if cfg.load == "concurrency" and cfg.search == "grid" and cfg.levels and max(cfg.levels) > slots:
-        # More in flight than slots is a real queue (the server holds the rest): allowed, and said.
-        pass
     return problems
 
 
@@ -259,7 +249,7 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
                 stop: Optional[threading.Event] = None) -> ServingRun:
     """Start llama-server, warm it up, run the levels (grid or search), always stop it."""
     log = log or logging.getLogger("jbench.serving")
-    slo = slo_of(cfg)
+    slo = slo_from(cfg.slo)
     server = LlamaServer(conn, argv_for_port, ready_timeout_s=ready_timeout_s, log=log)
     levels: list[Level] = []
     windows: list[LoadWindow] = []
@@ -270,15 +260,11 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
     sender: Optional[_Sender] = None
     try:
         server.start()
-        client = server.client(timeout=timeout_s)
-        try:
-            prefix, body = prompt_tokens_source(client)
-            props = client.props()
-        finally:
-            client.close()
+        prefix, body, props = prompt_source_and_props(server, timeout_s)
         sender = _Sender(server.address, prefix, body, cfg.seed, timeout_s)
-        for i in range(cfg.warmup_requests):
-            spec = workload.synthetic_requests(1, length_dist(cfg.input), length_dist(cfg.output), cfg.seed)[0]
+        warmup = workload.synthetic_requests(cfg.warmup_requests, length_dist(cfg.input), length_dist(cfg.output),
+                                             cfg.seed)
+        for i, spec in enumerate(warmup):
             warm.append(sender(workload.RequestSpec(index=-1 - i, input_tokens=spec.input_tokens,
                                                     output_tokens=spec.output_tokens), 0))
         # Controller -> device clock, so each level's stretch is a window in the device's telemetry.
@@ -342,10 +328,6 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
             sender.abort()
             sender.close()
         server.stop()
-    build = {}
-    m = _BUILD_INFO.search(str(props.get("build_info", "")))
-    if m:
-        build = {"build_number": m.group(1), "build_commit": m.group(2)}
     return ServingRun(levels=levels, windows=windows, records_jsonl="\n".join(lines) + "\n",
-                      server_log=server.log_text(), argv=list(server.argv or []), build=build, overhead=overhead,
-                      clock=clock, warmup=warm, level_records=level_records)
+                      server_log=server.log_text(), argv=list(server.argv or []), build=build_of(props),
+                      overhead=overhead, clock=clock, warmup=warm, level_records=level_records)
