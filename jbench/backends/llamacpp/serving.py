@@ -146,7 +146,6 @@ class ServingRun:
     overhead: list[dict[str, float]]  # the load generator's own cost per level
     level_records: list[list[RequestRecord]]  # each level's completed requests, as the client recorded them
     clock: Optional[ClockOffset]
-    warmup: list[RequestRecord]
 
 
 class _Sender:
@@ -255,7 +254,6 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
     windows: list[LoadWindow] = []
     overhead: list[dict[str, float]] = []
     lines: list[str] = []
-    warm: list[RequestRecord] = []
     level_records: list[list[RequestRecord]] = []
     sender: Optional[_Sender] = None
     try:
@@ -264,9 +262,9 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
         sender = _Sender(server.address, prefix, body, cfg.seed, timeout_s)
         warmup = workload.synthetic_requests(cfg.warmup_requests, length_dist(cfg.input), length_dist(cfg.output),
                                              cfg.seed)
-        for i, spec in enumerate(warmup):
-            warm.append(sender(workload.RequestSpec(index=-1 - i, input_tokens=spec.input_tokens,
-                                                    output_tokens=spec.output_tokens), 0))
+        for i, spec in enumerate(warmup):  # not measured: first-request costs stay out of level 1
+            sender(workload.RequestSpec(index=-1 - i, input_tokens=spec.input_tokens,
+                                        output_tokens=spec.output_tokens), 0)
         # Controller -> device clock, so each level's stretch is a window in the device's telemetry.
         before = measure_clock_offset(conn, rounds=4)
         search = CapacitySearch(slo, start=int(cfg.levels[0]), max_load=cfg.max_load,
@@ -330,4 +328,4 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
         server.stop()
     return ServingRun(levels=levels, windows=windows, records_jsonl="\n".join(lines) + "\n",
                       server_log=server.log_text(), argv=list(server.argv or []), build=build_of(props),
-                      overhead=overhead, clock=clock, warmup=warm, level_records=level_records)
+                      overhead=overhead, clock=clock, level_records=level_records)
