@@ -4,6 +4,7 @@ real llama.cpp builds that really differ in speed: the cached build and one comp
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -64,6 +65,43 @@ def test_repetitions_follow_the_ends_difference_and_noise_within_bounds():
     assert reps == 30 and raw > 30
     assert repetitions_needed(good, near, 0.01, minimum=3, maximum=100)[0] == raw
     assert ends_differ(good, far, 0.01)[0] and not ends_differ(good, near, 0.01)[0]
+
+
+def _ends_only(trials: dict[str, list[list[float]]], alpha: float = 0.001):
+    """Bisector._bisect over two builds with canned measurements: each measure() call of an end returns that end's
+    next trial."""
+    from jbench.sweeps.bisect import BisectResult, Bisector, Build
+
+    good_b, bad_b = Build("good", "/g"), Build("bad", "/b")
+    job = Bisector.__new__(Bisector)
+    job.builds, job.metric, job.alpha, job.say = [good_b, bad_b], "decode_tps", alpha, lambda m: None
+    job.repetitions, job.max_repetitions, job.end_trials = 3, 6, len(trials["good"])
+    order, queue = [], {b.label: list(trials[b.label]) for b in (good_b, bad_b)}
+
+    def measure(build, repetitions, name):
+        order.append(build.label)
+        return queue[build.label].pop(0) if queue[build.label] else [statistics.fmean(trials[build.label][0])] * 3, None
+
+    job.measure, job._record = measure, lambda step, handle: None
+    res = BisectResult(job.builds)
+    job._bisect(res)
+    return res, order
+
+
+def test_the_ends_are_judged_by_trial_not_by_repetition():
+    """Two trials of one build differ by more than their repetitions' spread (CI: 72.6 +- 0.6 vs 75.3 +- 0.4 tok/s
+    of the same build); a per-repetition test calls that a difference, the trial as the unit does not."""
+    same = {"good": [[72.0, 72.6, 73.2, 72.8], [75.0, 75.3, 74.9, 75.6]],
+            "bad": [[75.2, 75.6, 74.9, 75.3], [72.3, 72.9, 72.5, 73.0]]}
+    assert ends_differ([v for t in same["good"][:1] for v in t], same["bad"][0], 0.001)[0]  # what the old test said
+    res, order = _ends_only(same)
+    assert order == ["good", "bad", "bad", "good"]  # counterbalanced
+    assert res.outcome == "no_difference" and "--end-trials" in res.message
+    assert res.ends.k_test == 2 and res.ends.dof == 2 and "trial-to-trial spread" in res.message
+    slow = {"good": same["good"], "bad": [[12.1, 12.3, 12.2], [12.6, 12.4, 12.5]]}
+    res, _ = _ends_only(slow)
+    assert res.outcome != "no_difference" and res.ends.ratio < 0.2 and res.ends.p_value < 0.001
+    assert [s.verdict for s in res.steps[:2]] == [GOOD, BAD] and len(res.steps[0].samples) == 8
 
 
 def test_build_dirs_must_hold_llama_bench(tmp_path):
@@ -138,7 +176,7 @@ def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llam
     dirs = _ladder(tmp_path, llama_build["bin_dir"], nosimd_build, ["fast", "fast", "slow", "slow"])
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--results-dir", str(results), "--builds", *dirs, *CONFIG,
-                       "--repetitions", "4", "--max-repetitions", "6"])
+                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 2: {dirs[2]}" in proc.stdout
     runs = _runs(results)
@@ -169,14 +207,16 @@ def test_bisect_stops_when_the_ends_do_not_differ(tmp_path, llama_build, bundled
     dirs = _ladder(tmp_path, llama_build["bin_dir"], llama_build["bin_dir"], ["fast", "fast"])
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--results-dir", str(results), "--builds", *dirs, *CONFIG,
-                       "--repetitions", "3", "--alpha", "0.001"])
+                       "--repetitions", "3", "--alpha", "0.001", "--end-trials", "2"])
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "do not differ significantly" in proc.stderr and "nothing to bisect" in proc.stderr
     runs = _runs(results)
     parent = [r for r in runs if r.data.tags.get("jbench.kind") == "bisect"]
     assert parent[0].data.tags["bisect.outcome"] == "no_difference"
     assert "bisect.first_bad_index" not in parent[0].data.tags
-    assert len([r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"]) == 2
+    steps = [r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"]
+    assert sorted(r.data.tags["bisect.step"] for r in steps) == ["0", "0", "1", "1"]  # two trials of each end
+    assert "trial-to-trial spread" in steps[0].data.tags["bisect.why"]
 
 
 def test_bad_input_is_one_message(tmp_path):
@@ -221,13 +261,13 @@ def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama
         (bin_dir / "llama-bench").symlink_to(Path(build) / "llama-bench")
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--results-dir", str(results), "--repo", str(repo), "--good", "HEAD~2",
-                       "--bad", "master", *CONFIG, "--repetitions", "4", "--max-repetitions", "6"],
+                       "--bad", "master", *CONFIG, "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"],
                       env_extra={"JBENCH_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout
     runs = _runs(results)
-    steps = sorted((r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"),
-                   key=lambda r: int(r.data.tags["bisect.step"]))
+    steps = sorted({r.data.tags["bisect.step"]: r for r in runs if r.data.tags.get("jbench.kind") == "bisect_step"}
+                   .values(), key=lambda r: int(r.data.tags["bisect.step"]))  # one run per step (an end has several)
     assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
         [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
 

@@ -37,7 +37,7 @@ def test_remote_bisect_finds_the_first_slow_build_under_a_restored_power_state(
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(results), "--builds", *dirs,
                        "device=emu", *CONFIG, "power.mode=MAXN_SUPER", "power.jetson_clocks=true",
-                       "--repetitions", "4", "--max-repetitions", "6"])
+                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 2: {dirs[2]}" in proc.stdout
     runs = _runs(results)
@@ -152,12 +152,13 @@ def test_remote_bisect_over_git_commits_uses_the_device_build_cache(orin_nano_su
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(results), "--repo", str(repo),
                        "--good", "HEAD~2", "--bad", "master", "device=emu", *CONFIG,
-                       "--repetitions", "4", "--max-repetitions", "6"])
+                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout
     assert "building llama-bench" not in proc.stderr  # every commit came from the device's cache
-    steps = sorted((r for r in _runs(results) if r.data.tags.get("jbench.kind") == "bisect_step"),
-                   key=lambda r: int(r.data.tags["bisect.step"]))
+    steps = sorted({r.data.tags["bisect.step"]: r for r in _runs(results)
+                    if r.data.tags.get("jbench.kind") == "bisect_step"}.values(),
+                   key=lambda r: int(r.data.tags["bisect.step"]))  # one run per step (an end has several)
     assert [(r.data.tags["bisect.build"], r.data.tags["bisect.verdict"]) for r in steps] == \
         [(shas[0][:9], "good"), (shas[2][:9], "bad"), (shas[1][:9], "bad")]
     assert all(r.data.tags["backend.binary_dir"].startswith(str(cache)) for r in steps)

@@ -23,8 +23,9 @@ CMake configuration, cached per commit: here for the local device, on the device
 a `device=NAME` SSH entry: git archive, SFTP, CMake there, CUDA when it has nvcc and a GPU).
 The device is handled as a sweep does: its lease is held for the whole bisection, and a
 power.mode / power.jetson_clocks of the configuration is applied, verified and restored.
-The ends are measured first; from their difference and noise follow the repetitions per build
-(bounded by --max-repetitions). Each midpoint is classified by the end its mean is closer to,
+The ends are measured first, --end-trials trials each in the order G B B G ...; they differ
+when a t-test with the trial as the unit says so (repetitions of one trial are not independent).
+From their difference and noise follow the repetitions per build (bounded by --max-repetitions). Each midpoint is classified by the end its mean is closer to,
 confirmed by a Welch t-test against the other end. Every build measured is a child run of one
 "bisect" run (tags bisect.step, bisect.verdict, backend.build_commit).
 
@@ -58,13 +59,15 @@ Example:
               help="Repetitions of each end's first measurement.")
 @click.option("--max-repetitions", type=int, default=30, show_default=True,
               help="Upper bound of the repetitions per build that the ends' noise asks for.")
+@click.option("--end-trials", type=int, default=3, show_default=True,
+              help="Trials of each end (at least 2): their spread is what the ends' difference is judged against.")
 @click.option("--jobs", type=int, default=None,
               help="With --repo: parallel build jobs (default: all cores of the machine building).")
 @common_options
 @_config_dir_option
 def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Optional[str], good: Optional[str],
            bad: Optional[str], metric: str, alpha: float, repetitions: int, max_repetitions: int,
-           jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
+           end_trials: int, jobs: Optional[int], results_dir: Optional[str], config_dirs: tuple[str, ...]) -> None:
     from jbench.sweeps.bisect import BisectError, Bisector, builds_from_repo, dir_builds
     from jbench.cli.app import _signals_as_interrupt
     from jbench.cli.run import _with_results_dir
@@ -91,7 +94,7 @@ def bisect(overrides: tuple[str, ...], build_dirs: tuple[str, ...], repo: Option
             raise BisectError("give the builds: --builds GOOD_DIR ... BAD_DIR, or --repo PATH --good REF --bad REF")
         check_overrides(rest)
         job = Bisector(builds, _with_results_dir(rest, results_dir), user_config_dirs(list(config_dirs)),
-                       metric=metric, alpha=alpha, repetitions=repetitions, max_repetitions=max_repetitions, say=say)
+                       metric=metric, alpha=alpha, repetitions=repetitions, max_repetitions=max_repetitions, end_trials=end_trials, say=say)
         console.print(f"bisecting {len(builds)} builds on {metric}", highlight=False)
         _signals_as_interrupt()
         result = job.run()

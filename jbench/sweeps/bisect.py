@@ -396,7 +396,7 @@ class BisectResult:
     outcome: str = ""  # found | no_difference | unclear
     message: str = ""
     parent_run_id: Optional[str] = None
-    ends_ci: Any = None
+    ends: Any = None  # the ends' ratio, trial as the unit (jbench.analysis.paired.NightRatio)
 
 
 class Bisector:
@@ -404,7 +404,11 @@ class Bisector:
 
     def __init__(self, builds: list[Build], overrides: list[str], config_dirs: Optional[list[Path]] = None, *,
                  metric: str = "decode_tps", alpha: float = 0.01, repetitions: int = 5,
-                 max_repetitions: int = 30, say: Say = lambda m: None, tracker_factory: Optional[Callable] = None):
+                 max_repetitions: int = 30, end_trials: int = 3, say: Say = lambda m: None,
+                 tracker_factory: Optional[Callable] = None):
+        if end_trials < 2:
+            raise BisectError(f"--end-trials {end_trials}: each end needs at least 2 trials, the spread between "
+                              "them is what the ends' difference is judged against")
         if metric not in METRICS:
             raise BisectError(f"--metric {metric}: choose one of {', '.join(METRICS)}")
         if not 0 < alpha < 0.5:
@@ -413,7 +417,7 @@ class Bisector:
             raise BisectError("--repetitions must be >= 2 and --max-repetitions >= --repetitions")
         self.builds, self.overrides, self.config_dirs = builds, list(overrides), config_dirs
         self.metric, self.alpha, self.say = metric, alpha, say
-        self.repetitions, self.max_repetitions = repetitions, max_repetitions
+        self.repetitions, self.max_repetitions, self.end_trials = repetitions, max_repetitions, end_trials
         self.trial = self._trial(self.builds[0].bin_dir or "")
         self._tracker_factory = tracker_factory
         self.device: DeviceConfig = self.trial.cfg.device
@@ -583,14 +587,34 @@ class Bisector:
         return res
 
     def _bisect(self, res: BisectResult) -> None:
+        from jbench.analysis.paired import trial_ratio
+
         n = len(self.builds)
         good_b, bad_b = self.builds[0], self.builds[-1]
-        self.say(f"measuring the good end {good_b.label} and the bad end {bad_b.label} ({self.repetitions} repetitions)")
-        good, good_r = self.measure(good_b, self.repetitions, f"bisect step 0: {_short(good_b)}")
-        bad, bad_r = self.measure(bad_b, self.repetitions, f"bisect step 1: {_short(bad_b)}")
-        good_r, bad_r = [good_r], [bad_r]
-        differ, ci = ends_differ(good, bad, self.alpha)
-        res.ends_ci = ci
+        k = self.end_trials
+        self.say(f"measuring the good end {good_b.label} and the bad end {bad_b.label}: {k} trials each, "
+                 f"counterbalanced, {self.repetitions} repetitions per trial")
+        # Repetitions of one trial share its process and its moment, so the ends are judged with the trial as the
+        # unit (two trials of one build on this VM differed by 3.6 % at a repetition spread of 0.5-0.8 %). The
+        # order G B B G G B ... cancels a linear drift between the ends.
+        trials: dict[str, list[list[float]]] = {GOOD: [], BAD: []}
+        handles: dict[str, list[Any]] = {GOOD: [], BAD: []}
+        for i in range(k):
+            for which in ((GOOD, BAD) if i % 2 == 0 else (BAD, GOOD)):
+                b = good_b if which == GOOD else bad_b
+                samples, r = self.measure(b, self.repetitions, f"bisect step {0 if which == GOOD else 1}: "
+                                          f"{_short(b)} (trial {i + 1} of {k})")
+                trials[which].append(samples)
+                handles[which].append(r)
+
+        def judge() -> tuple[bool, Any]:
+            ratio = trial_ratio(trials[BAD], trials[GOOD], +1, metric=self.metric, alpha=self.alpha, min_effect=0.0)
+            res.ends = ratio
+            return math.isfinite(ratio.p_value) and ratio.p_value < self.alpha, ratio
+
+        good = [v for t in trials[GOOD] for v in t]
+        bad = [v for t in trials[BAD] for v in t]
+        differ, ratio = judge()
         reps, raw = self.repetitions, 0.0
         if differ:
             reps, raw = repetitions_needed(good, bad, self.alpha, minimum=self.repetitions,
@@ -598,25 +622,30 @@ class Bisector:
             if reps > self.repetitions:
                 # The ends get as many repetitions as a midpoint: the classification compares with them.
                 self.say(f"the ends need {reps} repetitions each to separate a midpoint; measuring {reps - self.repetitions} more")
-                more_g, more_gr = self.measure(good_b, reps - self.repetitions,
-                                               f"bisect step 0: {_short(good_b)} (more repetitions)")
-                more_b, more_br = self.measure(bad_b, reps - self.repetitions,
-                                               f"bisect step 1: {_short(bad_b)} (more repetitions)")
-                good_r, bad_r = good_r + [more_gr], bad_r + [more_br]
-                good, bad = good + more_g, bad + more_b
-                differ, ci = ends_differ(good, bad, self.alpha)
-                res.ends_ci = ci
+                for which, b in ((GOOD, good_b), (BAD, bad_b)):
+                    samples, r = self.measure(b, reps - self.repetitions, f"bisect step {0 if which == GOOD else 1}: "
+                                              f"{_short(b)} (more repetitions)")
+                    trials[which].append(samples)
+                    handles[which].append(r)
+                good = [v for t in trials[GOOD] for v in t]
+                bad = [v for t in trials[BAD] for v in t]
+                differ, ratio = judge()
         res.repetitions, res.repetitions_raw = reps, raw
-        ends_why = (f"ends: {self.metric} {statistics.fmean(good):.4g} -> {statistics.fmean(bad):.4g}, difference "
-                    f"{ci.diff:+.4g}, {100 * (1 - self.alpha):g} % Welch CI [{ci.low:.4g}, {ci.high:.4g}]")
-        for i, (b, samples, r, verdict) in enumerate(((good_b, good, good_r, GOOD), (bad_b, bad, bad_r, BAD))):
+        ends_why = (f"ends: {self.metric} {statistics.fmean(good):.4g} -> {statistics.fmean(bad):.4g}, bad/good "
+                    + (f"{(ratio.ratio - 1) * 100:+.2f} %" if math.isfinite(ratio.ratio) else "unknown")
+                    + (f", {100 * (1 - self.alpha):g} % CI {(ratio.low - 1) * 100:+.2f} … {(ratio.high - 1) * 100:+.2f} %, "
+                       f"p={ratio.p_value:.2g}, {ratio.k_reference}+{ratio.k_test} trials, trial-to-trial spread "
+                       f"{ratio.trial_sd * 100:.2f} % ({ratio.dof} dof)" if math.isfinite(ratio.p_value)
+                       else f" ({ratio.reason})"))
+        for i, (b, samples, r, verdict) in enumerate(((good_b, good, handles[GOOD], GOOD),
+                                                      (bad_b, bad, handles[BAD], BAD))):
             step = Step(i, 0 if verdict == GOOD else n - 1, b, samples, verdict, ends_why)
             self._record(step, r)
             res.steps.append(step)
         if not differ:
             res.outcome = "no_difference"
             res.message = (f"the good and the bad end do not differ significantly ({ends_why}): nothing to bisect; "
-                           "check the failing configuration, or measure more repetitions (--repetitions)")
+                           "check the failing configuration, or measure more trials of each end (--end-trials)")
             return
         if raw > self.max_repetitions:
             self.say(f"a clear separation needs {raw} repetitions per build, bounded to {reps} by --max-repetitions: "
