@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +42,15 @@ UNPARSEABLE_LLAMACPP = HERE / "fixtures" / "unparseable_llamacpp"
 REGISTERED = sorted(registry.targets(registry.BACKENDS))
 # Keys every backend's config has, so the same sweep knobs and metric definitions apply to all.
 COMMON_KEYS = ("name", "n_prompt", "n_gen", "depth", "repetitions", "timeout_s")
+# Backends measured with load levels (the `serving` section) against a server, not in phases of fixed lengths: their
+# common keys, and the bad values their planning names.
+SERVING_BACKENDS = {"openai"}
+SERVING_KEYS = ("name", "scenario", "timeout_s")
+STUB = HERE / "fixtures" / "stub_openai_server.py"
+
+
+def common_keys(name: str) -> tuple[str, ...]:
+    return SERVING_KEYS if name in SERVING_BACKENDS else COMMON_KEYS
 
 log = logging.getLogger("jbench.test.contract")
 
@@ -113,6 +123,18 @@ def _trt(env: dict[str, str], n_prompt: int = 2048, n_gen: int = 2048, reps: int
     return make
 
 
+# ---- openai: the stub OpenAI-compatible server (tests/fixtures/stub_openai_server.py) started as the device's server
+
+def _openai(*args: str) -> Callable[[Path], Case]:
+    def make(tmp: Path) -> Case:
+        command = ",".join([sys.executable, str(STUB), "--port", "'{port}'", "--slots", "'{slots}'",
+                            "--token-delay", "0.002", *args])
+        return Case(["backend=openai", f"backend.command=[{command}]", "serving.levels=[1,2]",
+                     "serving.requests_per_level=4", "serving.input.mean=8", "serving.output.mean=4",
+                     "serving.warmup_requests=1", "backend.ready_timeout_s=30"])
+    return make
+
+
 STANDINS: dict[str, StandIn] = {
     "llamacpp": StandIn(
         ok=lambda tmp: Case(list(LLAMA_TINY), repetitions=2),
@@ -132,6 +154,12 @@ STANDINS: dict[str, StandIn] = {
         unparseable=_trt({"TRTLLM_STANDIN_OUTPUT": "trtllm-bench_0.12.0_throughput.txt"}, 128, 128),
         crash=_trt({"TRTLLM_STANDIN_FAIL": "trtllm-bench"}),
         missing=(["backend=trtllm", "model.quant=W4A16"], "backend.hf_model is not set"),
+    ),
+    "openai": StandIn(
+        ok=_openai(),
+        unparseable=_openai("--no-usage"),  # a server that streams no token counts
+        crash=_openai("--fail", "stub: cannot load the model"),
+        missing=(["backend=openai"], "declare how the server runs"),
     ),
 }
 
@@ -187,7 +215,7 @@ def test_class_declares_the_contract(name):
     assert isinstance(cls.CAPABILITIES, Capabilities)
     assert dataclasses.is_dataclass(cls.CONFIG)
     defaults = {f.name: f for f in dataclasses.fields(cls.CONFIG)}
-    missing = [k for k in COMMON_KEYS if k not in defaults]
+    missing = [k for k in common_keys(name) if k not in defaults]
     assert not missing, f"{name}'s config lacks the common keys {missing}"
     assert cls.CONFIG().name == name
 
@@ -216,7 +244,7 @@ def test_schema_is_registered_and_composes(name):
     cfg, choices = compose([f"backend={name}"])
     assert choices["backend"] == name and cfg.backend.name == name
     assert f"{name}_schema.yaml" in ConfigStore.instance().list("backend")
-    for key in COMMON_KEYS:
+    for key in common_keys(name):
         assert key in cfg.backend
 
 
@@ -234,9 +262,11 @@ def test_validate_returns_a_list_of_strings(name, tmp_path, monkeypatch, needs_r
     assert isinstance(problems, list) and problems == []
 
 
-@pytest.mark.parametrize("override, key", [("backend.n_gen=-1", "backend.n_gen"),
-                                           ("backend.repetitions=0", "backend.repetitions")])
-def test_bad_values_name_the_key(name, override, key, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bad", [0, 1])
+def test_bad_values_name_the_key(name, bad, tmp_path, monkeypatch):
+    override, key = ([("serving.levels=[0]", "serving.levels"), ("serving.output.mean=1", "serving.output.mean")]
+                     if name in SERVING_BACKENDS else
+                     [("backend.n_gen=-1", "backend.n_gen"), ("backend.repetitions=0", "backend.repetitions")])[bad]
     case = _standin(name).ok(tmp_path)
     for k, v in case.env.items():
         monkeypatch.setenv(k, v)
@@ -264,6 +294,13 @@ def test_run_returns_phases_with_positive_samples(name, tmp_path, monkeypatch, n
     trial, backend = _trial_and_backend(case, monkeypatch)
     result = backend.run(trial, LocalConnection(), log)
     assert isinstance(result, BackendResult)
+    if name in SERVING_BACKENDS:  # load levels: every request of each level completed, counted by the server
+        assert [lv.load for lv in result.serving_levels] == [1.0, 2.0] and not result.phases
+        for lv, window in zip(result.serving_levels, result.load_windows):
+            assert len(lv.outcomes) == 4 and all(o.error is None and o.output_tokens == 4 for o in lv.outcomes)
+            assert window.output_tokens == 16 and window.end > window.start
+        assert result.raw_output.strip() and result.command and all(isinstance(a, str) for a in result.command)
+        return
     assert set(result.phases) == {"prefill", "decode"}
     cfg = trial.cfg.backend
     for phase, pr in result.phases.items():
@@ -295,5 +332,9 @@ def test_a_crash_is_backend_crash_with_stderr(name, tmp_path, monkeypatch, needs
     with pytest.raises(BackendError) as err:
         backend.run(trial, LocalConnection(), log)
     assert err.value.category == "backend_crash", err.value
+    if name in SERVING_BACKENDS:  # the server exited before it was ready: its own words, and its whole log kept
+        assert "exited before it was ready" in str(err.value) and "cannot load the model" in str(err.value)
+        assert "cannot load the model" in err.value.raw_output
+        return
     assert err.value.raw_stderr.strip()
     assert "exited with code" in str(err.value)

@@ -98,7 +98,8 @@ def test_every_backend_uses_the_shared_rule():
     import inspect
 
     from jbench.backends.engine import backend as engine
-    from jbench.backends.llamacpp import backend as llamacpp, server
+    from jbench.backends.llamacpp import backend as llamacpp
+    from jbench.backends.serving import process as server  # every serving backend's server process
     from jbench.backends.trtllm import backend as trtllm
 
     for module in (engine, llamacpp, trtllm):

@@ -30,9 +30,8 @@ from rich.table import Table
 from rich.text import Text
 
 from jbench.analysis.choice import Choice, QualityBar, choose
-from jbench.backends.llamacpp.backend import LlamaCppConfig
 from jbench.core.results import Category, Status
-from jbench.core.trial import ChoosesKVTypes
+from jbench.core.trial import ChoosesKVTypes, HasScenario
 
 RUN_ID_CHARS = 8  # the run-id prefix the summary prints; `jbench compare` accepts it
 EARLIER = "FINISHED (earlier)"  # a resumed trial's status in rows, as in the sweep's summary.json
@@ -50,7 +49,7 @@ def scenario(trial: Any) -> str:
     """What a trial measures: "latency" (llama.cpp's llama-server scenario: TTFT, ITL, e2e), "serving" (load levels:
     capacity, knee, tokens/J) or "bench" (tok/s)."""
     b = trial.cfg.backend
-    return b.scenario if isinstance(b, LlamaCppConfig) and b.scenario in SERVER_SCENARIOS else "bench"
+    return b.scenario if isinstance(b, HasScenario) and b.scenario in SERVER_SCENARIOS else "bench"
 
 
 def number(value: Any) -> Optional[float]:
@@ -200,7 +199,7 @@ def summary_tables(outcome: Any, keys: list[str], label: Callable[[Any, list[str
             title = (f"{outcome.experiment}: sweep {outcome.sweep_id}" if outcome.parent_run_id is not None
                      else f"{outcome.experiment}: nothing run, every trial already FINISHED")
         else:
-            title = {LATENCY: "latency scenario (llama-server)", SERVING: "serving scenario (llama-server)"}.get(kind, kind)
+            title = {LATENCY: "latency scenario (llama-server)", SERVING: "serving scenario (load levels)"}.get(kind, kind)
         out.append(_table(title, kind, rows, keys, label, console))
     return out
 

@@ -116,4 +116,17 @@ ADDED_DEFAULTS: dict[str, str] = {
     "serving.slo.e2e_ms": "null",
     "serving.slo.attainment": "0.9",
     "serving.stop_on_saturation": "True",
+    # Any OpenAI-compatible server as a backend (issue 27): a backend no earlier trial ran.
+    "openai:backend.name": "openai",
+    "openai:backend.scenario": "serving",
+    "openai:backend.command": "[]",
+    "openai:backend.container.image": "null",
+    "openai:backend.container.args": "[]",
+    "openai:backend.container.run_args": "[]",
+    "openai:backend.env": "{}",
+    "openai:backend.vars": "{}",
+    "openai:backend.api": "completions",
+    "openai:backend.served_model": "null",
+    "openai:backend.ignore_eos": "True",
+    "openai:backend.extra_body": "{}",
 }

@@ -214,7 +214,9 @@ def wants_power_control(mode: Any, jetson_clocks: Any, fan: Any) -> bool:
 
 def context_tokens(backend: Any) -> int:
     """Tokens a trial holds in its context at the end: depth before the test + prompt + generated. backend: a
-    backend's CONFIG (every one has these keys) or BackendKeys."""
+    backend's CONFIG or BackendKeys. A serving backend (load levels, no fixed lengths) has none of these keys: 0."""
+    if not isinstance(backend, FixedLengths):
+        return 0
     return backend.depth + backend.n_prompt + backend.n_gen
 
 
@@ -229,6 +231,22 @@ class ChoosesKVTypes(Protocol):
 
     cache_type_k: str
     cache_type_v: str
+
+
+@runtime_checkable
+class FixedLengths(Protocol):
+    """A backend config that runs fixed token counts (llama-bench-like); a serving backend's load levels have none."""
+
+    depth: int
+    n_prompt: int
+    n_gen: int
+
+
+@runtime_checkable
+class HasScenario(Protocol):
+    """A backend config with scenarios (llama.cpp: bench, latency, serving; openai: serving)."""
+
+    scenario: str
 
 
 @runtime_checkable

@@ -143,7 +143,9 @@ class Roofline(Stage):
     REQUIRES = tuple(metrics.required_by(NAME))
 
     def applies(self, ctx: TrialContext) -> bool:
-        return ctx.backend_result is not None
+        # A server that loads a model of its own (the openai backend without {model_path}): the trial's model file
+        # says nothing about what ran.
+        return ctx.backend_result is not None and ctx.backend.reads_model_file(ctx.trial)
 
     def run(self, ctx: TrialContext) -> None:
         cfg = ctx.cfg

@@ -70,6 +70,8 @@ def trial_prediction(ctx: TrialContext, key: Optional[MemoryKey], model: Optiona
     """The planner's prediction for this trial (weights + KV from the model file here, measured compute and output
     buffers when this configuration was measured before), or None and why."""
     cfg = ctx.cfg
+    if not ctx.backend.reads_model_file(ctx.trial):
+        return None, "not predicted: the backend does not read the trial's model file (its server loads a model of its own)"
     try:
         path, _ = resolve_model_file(cfg.model)
     except ModelError as exc:

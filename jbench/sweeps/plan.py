@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 from jbench.config import ConfigError, compose, explain_compose_error, load_profile
 from jbench.core.schema import (DeviceConfig, FarmConfig, ProfileConfig, SweepConfig, TrackingConfig, bounds_problems,
                                 typed)
-from jbench.core.trial import ChoosesKVTypes, SwitchesFlashAttention, Trial, TrialConfig, context_tokens, trial_config
+from jbench.core.trial import ChoosesKVTypes, FixedLengths, SwitchesFlashAttention, Trial, TrialConfig, context_tokens, trial_config
 from jbench.runner.session import PowerModesError, device_power_modes
 from jbench.runner.units import POOL_PREFIX, Pool
 from jbench.core.identity import config_hash
@@ -712,7 +712,7 @@ def _capability_problems(cls, cfg: TrialConfig) -> list[str]:
             if value not in caps.kv_types:
                 out.append(f"backend {cls.NAME} does not support KV type {value} ({key}). "
                            f"Supported: {', '.join(sorted(caps.kv_types))}")
-    if backend.depth and not caps.context_depth:
+    if isinstance(backend, FixedLengths) and backend.depth and not caps.context_depth:
         out.append(f"backend {cls.NAME} cannot pre-fill a context depth (backend.depth={backend.depth})")
     if isinstance(backend, SwitchesFlashAttention) and backend.flash_attn == "on" and not caps.flash_attention:
         out.append(f"backend {cls.NAME} has no flash attention switch")

@@ -31,6 +31,7 @@ from jbench.core.schema import ModelConfig, ModelSection, bounded, typed
 from jbench.core.trial import Trial
 from jbench.core.results import BackendResult
 from jbench.backends.llamacpp import client, quality, server, serving
+from jbench.backends.serving import levels
 from jbench.core.quality import QualityOutcome, QualityRequest
 from jbench.backends.llamacpp.bench import ParseError, parse_output, start_stamp
 from jbench.backends.base import (Backend, BackendError, Capabilities, MemoryPass, command_failure, device_model_path,
@@ -441,14 +442,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         return BackendResult(raw_output=run.records_jsonl, raw_stderr=run.server_log,
                              build={**run.build, "binary_dir": self.binary_dir()}, info=info, command=run.argv,
                              metrics=metrics, load_windows=run.windows, serving_levels=run.levels,
-                             stepped=_overhead_series(run.overhead))
-
-
-def _overhead_series(overhead: list[dict[str, float]]) -> dict[str, list[float]]:
-    """The load generator's own cost per level, as stepped series (step = level in run order)."""
-    keys = ("dispatch_lag_ms_p99", "client_cpu_per_request_ms")
-    return {f"serving_loadgen_{k}": [o.get(k, float("nan")) for o in overhead] for k in keys
-            if any(k in o for o in overhead)}
+                             stepped=levels.overhead_series(run.overhead))
 
 
 def server_slots(cfg: LlamaCppConfig) -> int:

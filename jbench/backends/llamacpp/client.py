@@ -103,6 +103,11 @@ class RequestRecord:
     def output_tps(self) -> float:
         return self.output_tokens / self.e2e_s if self.e2e_s > 0 else math.nan
 
+    def token_gaps(self) -> tuple[float, ...]:
+        """Seconds between consecutive token-carrying chunks (llama-server streams one token per chunk)."""
+        times = self.token_times_s
+        return tuple(b - a for a, b in zip(times, times[1:]))
+
     def to_json(self) -> str:
         d = asdict(self)
         d.update(ttft_ms=self.ttft_ms, e2e_ms=self.e2e_ms, itl_ms=self.itl_ms, output_tps=self.output_tps)
