@@ -83,7 +83,8 @@ class OpenAIConfig:
     ignore_eos: bool = field(default=True, metadata={"identity": True})
     # Merged into every request body, e.g. {min_tokens: 128} (vLLM) or {options: {num_ctx: 4096}} (Ollama).
     extra_body: Dict[str, Any] = field(default_factory=dict, metadata={"identity": True})
-    # The server's version, recorded with the run: a command on the device (argv, e.g. [vllm, --version]) ...
+    # The server's version, recorded with the run: a command on the device (argv with the command's placeholders,
+    # e.g. [vllm, --version]) ...
     version_command: List[str] = field(default_factory=list, metadata={"identity": False})
     # ... and/or a path on the server (vLLM: /version; Ollama: /api/version).
     version_path: Optional[str] = field(default=None, metadata={"identity": False})
@@ -184,7 +185,7 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             problems.append(f"backend.container.engine '{cfg.container.engine}' is not valid. Valid: "
                             f"{', '.join(ENGINES)}")
         known = set(PLACEHOLDERS) | set(cfg.vars)
-        for item in self._templates(cfg):
+        for item in [*self._templates(cfg), *cfg.version_command]:
             try:
                 unknown = [f for f in _fields(str(item)) if f not in known]
             except ValueError as exc:
@@ -216,11 +217,23 @@ class OpenAIBackend(Backend[OpenAIConfig]):
     def reads_model_file(self, trial: Trial) -> bool:
         return any("model_path" in _safe_fields(str(i)) for i in self._templates(self.config_of(trial)))
 
-    def preflight(self, conn: Connection) -> list[str]:
+    def _program(self) -> Optional[str]:
+        """The executable the device runs (the container engine, or the command's first item with backend.vars
+        filled in); None when there is none or it needs a per-trial placeholder."""
         cfg = self.config
-        program = cfg.container.engine if cfg.container.image else (cfg.command[0] if cfg.command else None)
-        if not program or _safe_fields(program):
-            return []  # a templated program is checked when it runs
+        if cfg.container.image:
+            return cfg.container.engine
+        if not cfg.command:
+            return None
+        try:
+            return str(cfg.command[0]).format(**{k: str(v) for k, v in cfg.vars.items()})
+        except (KeyError, IndexError, ValueError):
+            return None
+
+    def preflight(self, conn: Connection) -> list[str]:
+        program = self._program()
+        if not program:
+            return []  # a server already running, or a program named per trial: it shows when it runs
         if "/" in program:
             path = conn.expand_path(program)
             return [] if conn.exists(path) else [f"{path} not found on device '{conn.name}': fix backend.command"]
@@ -234,11 +247,11 @@ class OpenAIBackend(Backend[OpenAIConfig]):
         cfg = self.config
         if cfg.container.image:
             return image_digest(conn, cfg.container.engine, cfg.container.image)
-        if not cfg.command or _safe_fields(cfg.command[0]):
+        program = self._program()
+        if not program:
             return None
         from jbench.models.digest import file_digest
 
-        program = cfg.command[0]
         path = conn.expand_path(program) if "/" in program else conn.run(
             ["sh", "-c", 'command -v "$1"', "sh", program], timeout=30).stdout.strip()
         digest = file_digest(path, conn) if path else None
@@ -288,10 +301,11 @@ class OpenAIBackend(Backend[OpenAIConfig]):
                                      health_path=cfg.health_path)
         else:
             server = DeviceServer(conn, lambda port: self.server_command(trial, model_path, port),
-                                  ready_timeout_s=cfg.ready_timeout_s, log=log, name=str(cfg.command[0]).split("/")[-1],
+                                  ready_timeout_s=cfg.ready_timeout_s, log=log, name=(self._program() or "server").split("/")[-1],
                                   health_path=cfg.health_path)
         if cfg.version_command:
-            build.update(server_version=command_version(conn, cfg.version_command))
+            values = self.values(trial, model_path, 0)
+            build.update(server_version=command_version(conn, [str(a).format(**values) for a in cfg.version_command]))
         sender: Optional[Sender] = None
         try:
             server.start()
@@ -302,7 +316,7 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             if cfg.version_path:
                 build.update(server_version_api=path_version(server.address, cfg.version_path))
             sender = Sender(server.address, api=cfg.api, model=model, seed=load.seed, ignore_eos=cfg.ignore_eos,
-                            extra_body=cfg.extra_body, timeout_s=cfg.timeout_s)
+                            extra_body=cfg.extra_body, timeout_s=cfg.timeout_s, prime_path=cfg.health_path)
             levels.warm_up(load, sender)
             run = levels.run_levels(conn, load, sender, sender.abort, log=log, server_log=server.log_text)
         except (RequestError, OSError, http.client.HTTPException) as exc:

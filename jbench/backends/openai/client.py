@@ -179,9 +179,11 @@ def read_stream(resp: Any, clock: Callable[[], float] = time.perf_counter) -> tu
 class OpenAIClient:
     """One connection to the server (or the local end of the device's tunnel); one request at a time."""
 
-    def __init__(self, address: tuple[str, int], timeout: float, headers: Optional[Mapping[str, str]] = None):
+    def __init__(self, address: tuple[str, int], timeout: float, headers: Optional[Mapping[str, str]] = None,
+                 prime_path: Optional[str] = None):
         self.address, self.timeout = address, timeout
         self.headers = dict(headers or {})
+        self.prime_path = prime_path
         self.conn = http.client.HTTPConnection(*address, timeout=timeout)
 
     def close(self) -> None:
@@ -220,14 +222,27 @@ class OpenAIClient:
         except ValueError:
             raise RequestError(f"GET {path} answered no JSON: {payload[:300]!r}") from None
 
+    def _fresh(self) -> None:
+        """A new connection, primed with GET prime_path when given (through an SSH tunnel the first request on a
+        connection also opens its channel), so TTFT holds neither TCP nor a channel's setup. Servers close a
+        connection after a streamed answer (llama-server does), so none is reused for the next request."""
+        self.conn.close()
+        self._connect()
+        if self.prime_path:
+            self.conn.request("GET", self.prime_path, headers=self.headers)
+            resp = self.conn.getresponse()
+            resp.read()
+            if resp.will_close:  # an HTTP/1.0 server: the priming cannot be kept
+                self.conn.close()
+                self._connect()
+
     def stream(self, path: str, body: dict, *, index: int, worker: int) -> OpenAIRecord:
-        """One streamed request, timed from the send to the stream's end. The connection is opened before the clock
-        starts, so TTFT holds neither TCP nor an SSH channel's setup."""
+        """One streamed request on a fresh connection (_fresh), timed from the send to the stream's end."""
         data = json.dumps(body).encode()
         headers = {**self.headers, "Content-Type": "application/json", "Accept": "text/event-stream"}
         clock = time.perf_counter
         try:
-            self._connect()
+            self._fresh()
             sent_at = clock()
             self.conn.request("POST", path, body=data, headers=headers)
             resp = self.conn.getresponse()
@@ -237,9 +252,7 @@ class OpenAIClient:
                 raise RequestError(f"{path} answered HTTP {resp.status}: {payload[:500]!r}",
                                    "backend_crash" if resp.status >= 500 else "unparseable_output")
             token_times, usage, finish, end = read_stream(resp, clock)
-            resp.read()
-            if resp.will_close:
-                self.conn.close()
+            self.conn.close()
         except (OSError, http.client.HTTPException):
             self.conn.close()
             raise
@@ -266,10 +279,11 @@ class Sender:
     """The load generator's send(spec, worker) for an OpenAI-compatible server: a client per worker thread."""
 
     def __init__(self, address: tuple[str, int], *, api: str, model: Optional[str], seed: int, ignore_eos: bool,
-                 extra_body: Mapping[str, Any], timeout_s: float, headers: Optional[Mapping[str, str]] = None):
+                 extra_body: Mapping[str, Any], timeout_s: float, headers: Optional[Mapping[str, str]] = None,
+                 prime_path: Optional[str] = None):
         self.address, self.api, self.model, self.seed = address, api, model, seed
         self.ignore_eos, self.extra_body, self.timeout_s = ignore_eos, dict(extra_body), timeout_s
-        self.headers = dict(headers or {})
+        self.headers, self.prime_path = dict(headers or {}), prime_path
         self.prompts = TextPrompts()
         self._lock = threading.Lock()
         self._clients: dict[int, OpenAIClient] = {}
@@ -279,7 +293,7 @@ class Sender:
         with self._lock:
             c = self._clients.get(worker)
             if c is None:
-                c = self._clients[worker] = OpenAIClient(self.address, self.timeout_s, self.headers)
+                c = self._clients[worker] = OpenAIClient(self.address, self.timeout_s, self.headers, self.prime_path)
             return c
 
     def _tag(self, spec: RequestSpec) -> int:
