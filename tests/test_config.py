@@ -35,7 +35,7 @@ def test_experiment_sets_grid_and_backend_values():
         ("model=nope", "unknown model 'nope'. Valid model names: gemma3_270m"),
         ("+experiment=nope", "unknown experiment 'nope'. Valid experiment names: backend_shootout, context_sweep, kv_precision, nightly, power_modes, quant_ladder, serving, speculative"),
         ("device=lab_orin", "unknown device 'lab_orin'. Valid device names: local"),
-        ("backend=nope", "unknown backend 'nope'. Valid backend names: engine, llamacpp, openai, trtllm"),
+        ("backend=nope", "unknown backend 'nope'. Valid backend names: engine, llama_server, llamacpp, mlc_llm, ollama, openai, trtllm, vllm"),
         ("backend.n_gne=3", "unknown config key 'backend.n_gne'. Did you mean backend.n_gen?"),
         ("telemetry.intervl_ms=3", "unknown config key 'telemetry.intervl_ms'. Did you mean telemetry.interval_ms or telemetry.hwmon_interval_ms?"),
         ("backend.n_gen=many", "bad value 'many' for backend.n_gen: expected Integer"),

@@ -200,3 +200,19 @@ def test_a_server_without_usage_fails_the_trial_with_the_reason():
     with pytest.raises(BackendError) as err:
         OpenAIBackend(trial.cfg.backend).run(trial, LocalConnection(), log)
     assert err.value.category == "unparseable_output" and "reported no token usage" in str(err.value)
+
+
+@pytest.mark.parametrize("preset, required", [("ollama", None), ("vllm", "hf_model"), ("mlc_llm", "mlc_model"),
+                                              ("llama_server", None)])
+def test_the_shipped_server_declarations_plan_and_name_what_they_need(preset, required):
+    if required:
+        assert f"backend.vars.{required} is empty" in problems(f"backend={preset}")
+        trial = trial_of(f"backend={preset}", f"backend.vars.{required}=some/model")
+    else:
+        trial = trial_of(f"backend={preset}")
+    argv = OpenAIBackend(trial.cfg.backend).server_command(trial, "/m.gguf", 5000)
+    assert "5000" in " ".join(argv) and not any("{" in a for a in argv), argv
+    if preset == "ollama":
+        assert argv == ["env", "OLLAMA_HOST=127.0.0.1:5000", "OLLAMA_NUM_PARALLEL=2", "ollama", "serve"]  # slots: the most in flight
+    if preset == "vllm":
+        assert argv[:3] == ["vllm", "serve", "some/model"] and "--no-enable-prefix-caching" in argv

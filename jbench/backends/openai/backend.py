@@ -194,6 +194,11 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             if unknown:
                 problems.append(f"backend template item {item!r}: unknown placeholder(s) {', '.join(unknown)}. "
                                 f"Known: {', '.join(sorted(known))}")
+        used = {f for i in [*self._templates(cfg), *cfg.version_command] for f in _safe_fields(str(i))}
+        for name in sorted(used & set(cfg.vars)):
+            if not str(cfg.vars[name] or "").strip():
+                problems.append(f"backend.vars.{name} is empty and the server's command uses {{{name}}}: set it, "
+                                f"e.g. backend.vars.{name}=...")
         for name in cfg.env:
             if not _ENV_NAME.fullmatch(str(name)):
                 problems.append(f"backend.env: {name!r} is not an environment variable name")
