@@ -133,6 +133,7 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
 
     dirs = config_dirs or []
     _check_deletions(overrides, dirs)
+    overrides = [_as_mapping_assignment(o) for o in overrides]
     with _initialized(dirs):
         try:
             cfg = hydra_compose(
@@ -148,6 +149,47 @@ def compose(overrides: List[str], config_dirs: Optional[List[Path]] = None):
         del cfg["hydra"]
     _check_interpolations(cfg)
     return cfg, choices
+
+
+def mapping_keys() -> frozenset[str]:
+    """Dotted keys of the free-form mappings of every schema (a Dict field: backend.env, backend.vars, model.files,
+    ...), whose keys are the user's. Hydra composes in struct mode, where `backend.env={A: "1"}` is refused as an
+    unknown key backend.env.A; such an assignment is composed as `++backend.env={...}` (set, whatever its keys)."""
+    global _MAPPING_KEYS
+    if _MAPPING_KEYS is None:
+        import dataclasses
+        import typing
+
+        from jbench.core.identity import section_schemas
+
+        found: set[str] = set()
+
+        def walk(schema: type, prefix: str) -> None:
+            hints = typing.get_type_hints(schema)
+            for f in dataclasses.fields(schema):
+                hint = hints.get(f.name)
+                if typing.get_origin(hint) in (dict, Dict):
+                    found.add(prefix + f.name)
+                elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+                    walk(hint, f"{prefix}{f.name}.")
+
+        walk(JBenchConfig, "")
+        for section, schema in section_schemas().items():
+            walk(schema, f"{section}.")
+        for schema in backend_schemas().values():
+            walk(schema, "backend.")
+        _MAPPING_KEYS = frozenset(found)
+    return _MAPPING_KEYS
+
+
+_MAPPING_KEYS: Optional[frozenset[str]] = None
+
+
+def _as_mapping_assignment(override: str) -> str:
+    key, eq, value = override.partition("=")
+    if eq and not key.startswith(("+", "~")) and value.lstrip().startswith("{") and key in mapping_keys():
+        return "++" + override
+    return override
 
 
 def _check_deletions(overrides: List[str], config_dirs: list[Path]) -> None:

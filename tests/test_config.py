@@ -181,3 +181,18 @@ def test_pyproject_lists_every_package():
     data |= {"jbench.device.probes"}
     assert found | {"jbench.conf"} | data == listed
     assert data <= set(setuptools["package-data"]), "each data directory says which of its files ship"
+
+
+def test_a_free_form_mapping_is_set_whole_and_swept():
+    """backend.env (a Dict field: the user's keys) takes a mapping in one override, and a comma list of mappings is a
+    sweep dimension: Hydra's struct mode alone refuses `backend.env={A: "1"}` as an unknown key backend.env.A."""
+    from jbench.config import mapping_keys
+    from jbench.sweeps.plan import plan
+
+    assert {"backend.env", "model.files"} <= mapping_keys() and "backend.n_gen" not in mapping_keys()
+    cfg, _ = compose(["backend.env={GGML_CUDA_DISABLE_GRAPHS: '1'}"])
+    assert cfg.backend.env == {"GGML_CUDA_DISABLE_GRAPHS": "1"}
+    p = plan(["backend.env={},{GGML_CUDA_DISABLE_GRAPHS: '1'}"])
+    assert [t.cfg.backend.env for t in p.trials] == [{}, {"GGML_CUDA_DISABLE_GRAPHS": "1"}]
+    with pytest.raises(ConfigError, match="backend.n_gne"):  # a struct section still refuses an unknown key
+        compose(["backend={n_gne: 3}"])

@@ -216,3 +216,11 @@ def test_the_shipped_server_declarations_plan_and_name_what_they_need(preset, re
         assert argv == ["env", "OLLAMA_HOST=127.0.0.1:5000", "OLLAMA_NUM_PARALLEL=2", "ollama", "serve"]  # slots: the most in flight
     if preset == "vllm":
         assert argv[:3] == ["vllm", "serve", "some/model"] and "--no-enable-prefix-caching" in argv
+
+
+def test_a_secret_in_the_declaration_is_refused_before_it_is_recorded():
+    text = problems(stub_command(), "+backend.env.HF_TOKEN=hf_abc")
+    assert "backend.env.HF_TOKEN looks like a secret" in text and "hf_abc" not in text
+    assert "the argument after --api-key" in problems("backend.command=[vllm,serve,m,--port,'{port}',--api-key,k]")
+    assert problems("backend.container.image=x", "backend.container.args=[s,--port,'{port}']",
+                    "backend.container.run_args=[--env-file,/home/me/hf.env]") == ""  # a file holding it: fine

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import graphlib
 import json
+import shlex
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -103,6 +104,8 @@ class Measure(Stage):
         result = ctx.backend_result
         assert result is not None
         tags = {f"backend.{k}": str(v) for k, v in result.build.items()}
+        if result.command:  # what ran on the device, as the backend started it (argument list, shell-quoted here)
+            tags["backend.command"] = shlex.join(result.command)[:4000]
         # What the backend says it ran with (its own output), apart from the params that asked for it.
         tags.update({f"backend.reported.{k}": str(v) for k, v in result.info.items()
                      if k in ("backends", "gpu_info", "cpu_info", "flash_attn")})

@@ -82,9 +82,23 @@ def _parse_overrides(args: list[str]) -> tuple[list[str], dict[str, list], set[s
             raise ConfigError("one experiment per sweep: run `jbench sweep +experiment=NAME` once per experiment")
         if ov.is_add() or ov.is_force_add():
             raise ConfigError(f"cannot sweep over a key that is being added ({ov.input_line}); sweep existing keys")
-        values = list(ov.sweep_string_iterator()) if key in GROUP_DIMS else list(ov.sweep_iterator())
+        values = list(ov.sweep_string_iterator()) if key in GROUP_DIMS else [_unquoted(v) for v in ov.sweep_iterator()]
         dims[key] = values
     return plain, dims, pinned
+
+
+def _unquoted(value: Any) -> Any:
+    """A swept value as plain data: Hydra's parser leaves a quoted string inside a list or mapping as a QuotedString
+    (`backend.env={},{A: '1'}`), which the typed schema refuses."""
+    from hydra.core.override_parser.types import QuotedString
+
+    if isinstance(value, QuotedString):
+        return value.text
+    if isinstance(value, dict):
+        return {_unquoted(k): _unquoted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unquoted(v) for v in value]
+    return value
 
 
 def _references(value: Any, out: set[str]) -> None:

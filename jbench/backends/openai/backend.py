@@ -40,6 +40,10 @@ PLACEHOLDERS = ("port", "host", "model_path", "model", "quant", "slots", "contex
 ENGINES = ("docker", "podman")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# Names of settings that hold a secret: jbench records the declaration with every run (params, the command tag, the
+# log), so a secret is refused at plan time and belongs in the device's own environment instead.
+_SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIALS?)($|_)", re.I)
+_SECRET_FLAG = re.compile(r"^--?(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|secret|password|passwd)$", re.I)
 
 
 @dataclass
@@ -199,6 +203,13 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             if not str(cfg.vars[name] or "").strip():
                 problems.append(f"backend.vars.{name} is empty and the server's command uses {{{name}}}: set it, "
                                 f"e.g. backend.vars.{name}=...")
+        secret = [f"backend.env.{k}" for k in cfg.env if _SECRET_ENV.search(str(k))]
+        items = [*cfg.command, *cfg.container.args, *cfg.container.run_args]
+        secret += [f"the argument after {a}" for a, _ in zip(items, items[1:]) if _SECRET_FLAG.match(str(a))]
+        if secret:
+            problems.append(f"{', '.join(secret)} looks like a secret, and jbench records the server's declaration with "
+                            "every run: set it in the device's environment instead (the server inherits it), or give "
+                            "a container --env-file PATH")
         for name in cfg.env:
             if not _ENV_NAME.fullmatch(str(name)):
                 problems.append(f"backend.env: {name!r} is not an environment variable name")
