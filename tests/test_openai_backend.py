@@ -180,6 +180,7 @@ def test_a_run_against_a_started_stub_records_levels_windows_and_the_version():
     assert result.info["served_model"] == "stub-model" and result.info["server"] == "command"
     assert result.command[:2] == [sys.executable, str(STUB)] and "--port" in result.command
     assert result.raw_output.count('"output_tokens": 5') == 8  # every measured request, warm-up left out
+    assert 5 < result.metrics["serving_server_peak_rss_mib"] < 500  # the stub's own Python process, read before its stop
 
 
 def test_a_server_already_running_is_measured_and_left_running():
@@ -189,6 +190,7 @@ def test_a_server_already_running_is_measured_and_left_running():
         result = OpenAIBackend(trial.cfg.backend).run(trial, LocalConnection(), log)
         assert [len(lv.outcomes) for lv in result.serving_levels] == [4, 4]
         assert result.info["server"] == "url" and result.command == []
+        assert "serving_server_peak_rss_mib" not in result.metrics  # not a process jbench started
         assert srv.stats()["requests"] == 2 + 8  # warm-up and levels; still serving after the run
     unreachable = trial_of("backend.url=http://127.0.0.1:9", "backend.ready_timeout_s=1")
     with pytest.raises(BackendError, match="did not answer GET /health with 200 within 1 s"):

@@ -187,6 +187,7 @@ def test_serving_over_ssh_starts_and_stops_the_server_on_the_device(llama_build,
     assert all(o.ok and o.output_tokens == 8 for lv in result.serving_levels for o in lv.outcomes)
     # Windows on the device's clock, read through the connection: the offset's uncertainty is recorded.
     assert result.metrics["serving_clock_uncertainty_ms"] >= 0
+    assert result.metrics["serving_server_peak_rss_mib"] > 100  # llama-server with the model mapped, on the device
     for lv, w in zip(result.serving_levels, result.load_windows):
         assert w.end - w.start == pytest.approx(lv.wall_s, abs=0.05)
 
@@ -313,3 +314,57 @@ def test_the_generic_backend_over_ssh_starts_and_stops_the_server_and_ctrl_c_lea
             OpenAIBackend(trial.config["backend"]).run(trial, conn, log)
         assert_server_gone(lines.lines)
         assert any("llama-server stopped" in line for line in lines.lines)
+
+
+def _tagged_server(tag: str) -> int | None:
+    """The pid of a llama-server whose environment holds JBENCH_TEST_TAG=tag (this test's own, not a neighbour's)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"llama-server" in (entry / "cmdline").read_bytes() and \
+                    f"JBENCH_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes():
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.e2e
+def test_sigint_to_a_running_serving_sweep_stops_the_server_and_records_it_killed(tmp_path, llama_build,
+                                                                                 bundled_model):
+    """Ctrl-C as a user sends it (SIGINT to the `jbench sweep +experiment=serving` process) while a level runs: the
+    sweep ends with exit 130 and KILLED runs, and the llama-server it started on the device is gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from .test_latency import pid_gone
+
+    tag = uuid.uuid4().hex
+    argv = [str(Path(sys.executable).with_name("jbench")), "sweep", *SMALL, "serving.levels=[2]",
+            "serving.requests_per_level=2000", "serving.output.mean=32", f"+backend.env.JBENCH_TEST_TAG={tag}",
+            "telemetry.idle_s=0.5", "telemetry.cooldown_s=0"]
+    env = {**os.environ, "JBENCH_RESULTS_DIR": str(tmp_path / "r"), "COLUMNS": "200"}
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+    try:
+        deadline, pid = time.monotonic() + 180, None
+        while pid is None and time.monotonic() < deadline and proc.poll() is None:
+            pid = _tagged_server(tag)
+            time.sleep(0.2)
+        assert pid is not None, (tmp_path / "err").read_text()
+        time.sleep(4)  # warm-up done, the level under way
+        assert proc.poll() is None and not pid_gone(pid, wait_s=0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    assert pid_gone(pid), f"llama-server {pid} outlived the interrupted sweep"
+    c = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
+    runs = c.search_runs([c.get_experiment_by_name("serving").experiment_id])
+    assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]

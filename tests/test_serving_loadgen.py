@@ -340,3 +340,17 @@ def test_mixed_or_missing_loop_settings_are_refused():
         run_level(lambda s, w: None, _specs(2))
     empty = run_level(lambda s, w: None, [], concurrency=2)
     assert empty.sent == [] and empty.overhead["workers"] == 0
+
+
+def test_a_text_prompt_of_a_trace_sizes_the_context_by_its_bytes(tmp_path):
+    """The context must hold a trace's longest request before any tokenizer is at hand: a text prompt counts as its
+    UTF-8 bytes + 8 (a byte-level token covers at least a byte)."""
+    from jbench.backends.serving.levels import context_size
+    from jbench.core.schema import ServingConfig
+
+    trace = tmp_path / "t.jsonl"
+    long_text = "word " * 120  # 600 bytes
+    trace.write_text(f'{{"arrival_s": 0, "prompt": "{long_text}", "output_tokens": 16}}\n'
+                     '{"arrival_s": 1, "input_tokens": 40, "output_tokens": 8}\n')
+    cfg = ServingConfig(trace=str(trace))
+    assert context_size(cfg, slots=2) == 2 * 768  # 600 + 8 + 16 + 1 rounded up to 256, per slot

@@ -484,11 +484,15 @@ DECLARATIONS: tuple[MetricDecl, ...] = (
     _d("serving_capacity_output_tokens_per_joule", "tok/J", "output tokens per joule at the SLO capacity: the "
        "operating point's efficiency", SERVING, "serving", better=HIGHER),
     _d("serving_clock_uncertainty_ms", "ms", "how far the levels' windows may sit off on the device's clock (half the "
-       "best round trip of the clock reads, widened by drift)", MEASURE, "serving", backend="llamacpp"),
+       "best round trip of the clock reads, widened by drift)", MEASURE, "serving"),
+    _d("serving_server_peak_rss_mib", "MiB", "the server process's peak resident set over the whole trial (VmHWM of "
+       "/proc/<pid>/status on the device, read just before jbench stops it): its host memory under the trial's slots "
+       "and load (on a Jetson, CUDA buffers in the shared DRAM may not all show as resident); absent for a container "
+       "or a server jbench did not start", MEASURE, "serving", better=LOWER),
     _d("serving_loadgen_dispatch_lag_ms_p99", "ms", "the load generator's own cost per level: percentile 99 of how "
-       "late a request left: after it was due (open loop), after its worker became free (closed loop)", MEASURE, "serving", stepped=True, backend="llamacpp"),
+       "late a request left: after it was due (open loop), after its worker became free (closed loop)", MEASURE, "serving", stepped=True),
     _d("serving_loadgen_client_cpu_per_request_ms", "ms", "the load generator's CPU time per request on the "
-       "controller, per level", MEASURE, "serving", stepped=True, backend="llamacpp"),
+       "controller, per level", MEASURE, "serving", stepped=True),
     _d("serving_draft_acceptance", "1", "each level's speculative-decoding acceptance: draft tokens accepted / "
        "proposed, summed over its completed requests from llama-server's own timings (draft_n_accepted, draft_n); "
        "absent without a draft", SERVING, "serving", better=HIGHER, stepped=True, backend="llamacpp"),

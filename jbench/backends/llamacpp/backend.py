@@ -106,7 +106,7 @@ class LlamaCppConfig:
     # --spec-type: one of SPEC_TYPES. None: draft-simple with a draft model, else no speculation. The ngram-* types
     # need no draft model (their own knobs, --spec-ngram-*, go in server_extra_args).
     spec_type: Optional[str] = field(default=None, metadata={"identity": SERVER_SCENARIOS})
-    # Environment of every llama.cpp process the backend starts (llama-bench, llama-server), e.g.
+    # Environment of every llama.cpp process the backend starts (llama-bench, llama-server, llama-perplexity's trial pass), e.g.
     # {GGML_CUDA_DISABLE_GRAPHS: "1"}: CUDA graphs off in a CUDA build (docs/backends.md).
     env: Dict[str, str] = field(default_factory=dict, metadata={"identity": True})
 
@@ -439,6 +439,8 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
                 # Each level's speculative-decoding figures from the server's counters (the Serving stage's table).
                 "serving_draft": [serving.draft_metrics(records) for records in run.level_records]}
         metrics = {"serving_clock_uncertainty_ms": 1000 * run.clock.uncertainty_s} if run.clock else {}
+        if run.peak_rss_kib is not None:
+            metrics["serving_server_peak_rss_mib"] = run.peak_rss_kib / 1024
         return BackendResult(raw_output=run.records_jsonl, raw_stderr=run.server_log,
                              build={**run.build, "binary_dir": self.binary_dir()}, info=info, command=run.argv,
                              metrics=metrics, load_windows=run.windows, serving_levels=run.levels,

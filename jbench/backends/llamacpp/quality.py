@@ -23,10 +23,11 @@ from jbench.device.connection import CommandTimeout, Connection
 MIB = 1 << 20
 
 
-def _run(conn: Connection, argv: list[str], timeout: float, log: logging.Logger, what: str):
+def _run(conn: Connection, argv: list[str], timeout: float, log: logging.Logger, what: str,
+         env: dict[str, str] | None = None):
     log.info("quality: %s: %s", what, shlex.join(argv))
     try:
-        res = conn.run(argv, timeout=timeout)
+        res = conn.run(argv, timeout=timeout, env=env or None)
     except CommandTimeout:
         raise BackendError("timeout", f"llama-perplexity ({what}) did not finish within quality.timeout_s="
                                       f"{timeout:g} s") from None
@@ -143,7 +144,8 @@ def measure_quality(backend: Any, trial: Trial, conn: Connection, log: logging.L
     argv = perplexity.candidate_argv(backend.binary_dir(), model_path, logits, cache_type_k=cfg.cache_type_k,
                                      cache_type_v=cfg.cache_type_v, flash_attn=cfg.flash_attn
                                      if cfg.flash_attn in ("on", "off") else None, **numerics)
-    res = _run(conn, argv, req.timeout_s, log, "trial pass")
+    # The trial's backend.env (as for llama-bench and llama-server); the cached reference is the trial's knobs' no more.
+    res = _run(conn, argv, req.timeout_s, log, "trial pass", env={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in cfg.env.items()})
     text = res.stdout + "\n" + res.stderr
     out.artifacts["raw/quality-trial.txt"] = res.stdout + "\n--- stderr ---\n" + res.stderr
     if res.returncode != 0 or perplexity.refusal(text) is not None:

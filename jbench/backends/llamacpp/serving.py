@@ -74,6 +74,7 @@ class ServingRun:
     overhead: list[dict[str, float]]  # the load generator's own cost per level
     level_records: list[list[RequestRecord]]  # each level's completed requests, as the client recorded them
     clock: Optional[ClockOffset]
+    peak_rss_kib: Optional[int] = None  # llama-server's peak resident set, read before it was stopped
 
 
 class _Sender:
@@ -151,4 +152,5 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
         server.stop()
     return ServingRun(levels=run.levels, windows=run.windows, records_jsonl=run.records_jsonl,
                       server_log=server.log_text(), argv=list(server.argv or []), build=build_of(props),
-                      overhead=run.overhead, clock=run.clock, level_records=run.level_records)
+                      overhead=run.overhead, clock=run.clock, level_records=run.level_records,
+                      peak_rss_kib=server.peak_rss_kib)

@@ -100,6 +100,7 @@ class ContainerServer(DeviceServer):
     """A DeviceServer whose process is `<engine> run`; stopping it also removes the container by name (the engine's
     client forwards SIGTERM to it, and `rm -f` catches a container the client left behind)."""
 
+    MEASURES_RSS = False  # the pid is the engine's client, not the server
     def __init__(self, conn: Connection, argv_for_port, *, engine: str, container_name: str, **kw: Any):
         super().__init__(conn, argv_for_port, **kw)
         self.engine, self.container_name = engine, container_name
@@ -126,6 +127,7 @@ class RunningServer:
         self.ready_timeout_s = ready_timeout_s
         self.argv: Optional[list[str]] = None
         self.address: Optional[tuple[str, int]] = None
+        self.peak_rss_kib: Optional[int] = None  # not ours to read
         self._forwarder: Any = None
 
     def start(self) -> None:
@@ -352,6 +354,8 @@ class OpenAIBackend(Backend[OpenAIConfig]):
                 "server": "url" if cfg.url else "container" if cfg.container.image else "command",
                 "prompt_tokens_per_word": sender.prompts.tokens_per_word}
         metrics = {"serving_clock_uncertainty_ms": 1000 * run.clock.uncertainty_s} if run.clock else {}
+        if server.peak_rss_kib is not None:
+            metrics["serving_server_peak_rss_mib"] = server.peak_rss_kib / 1024
         return BackendResult(raw_output=run.records_jsonl, raw_stderr=server.log_text(), build=build, info=info,
                              command=list(server.argv or []), metrics=metrics, load_windows=run.windows,
                              serving_levels=run.levels, stepped=levels.overhead_series(run.overhead))

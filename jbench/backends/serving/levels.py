@@ -106,10 +106,14 @@ def server_slots(cfg: ServingConfig) -> int:
 
 
 def context_size(cfg: ServingConfig, slots: int, multiple: int = 256) -> int:
-    """The context (llama-server -c, {context} of a command template) for the longest request the profile can send, per slot, times the slots."""
+    """The context (llama-server -c, {context} of a command template) for the longest request the profile can send,
+    per slot, times the slots. A trace's text prompt counts as its UTF-8 bytes plus 8: a byte-level tokenizer's token
+    covers at least one byte, and the 8 leave room for the special tokens and a chat template's few (an upper bound
+    known before the server and its tokenizer are)."""
     if cfg.trace is not None:
         specs = workload.load_trace(cfg.trace)
-        longest = max((s.prefix_tokens + s.input_tokens + s.output_tokens for s in specs), default=1)
+        longest = max((s.prefix_tokens + s.input_tokens + s.output_tokens
+                       + (len(s.text.encode("utf-8")) + 8 if s.text is not None else 0) for s in specs), default=1)
     else:
         longest = max_length(cfg.input) + max_length(cfg.output)
     per_slot = ((longest + 1 + multiple - 1) // multiple) * multiple

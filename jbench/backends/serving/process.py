@@ -61,6 +61,9 @@ LAUNCHER_SNIPPET = (
 )
 
 
+_VMHWM = re.compile(r"^VmHWM:\s+(\d+)\s+kB", re.M)
+
+
 _PID_LINE = re.compile(r"@@jbench-server pid=(\d+) pgid=(\d+)")
 
 
@@ -103,6 +106,7 @@ class DeviceServer:
 
     NAME = "server"  # how messages name it
     HEALTH_PATH = "/health"  # GET this until it answers 200: ready
+    MEASURES_RSS = True  # the pid is the server's own (not a container engine's client): its peak RSS is read
 
     def __init__(self, conn: Connection, argv_for_port: Callable[[int], list[str]], *, ready_timeout_s: float,
                  log: Optional[logging.Logger] = None, max_log_lines: int = 5000, name: Optional[str] = None,
@@ -127,6 +131,7 @@ class DeviceServer:
         self._forwarder: Optional[PortForward] = None
         self._forwarded_port: Optional[int] = None
         self._stopped = False
+        self.peak_rss_kib: Optional[int] = None  # VmHWM read just before the stop (read_peak_rss)
 
     # -- log -------------------------------------------------------------------------------------
 
@@ -293,11 +298,26 @@ class DeviceServer:
                 if reader is not None:
                     reader.join(timeout=5)
 
+    def read_peak_rss(self) -> None:
+        """The server process's peak resident set (VmHWM of /proc/<pid>/status on the device) into peak_rss_kib;
+        left None where it cannot be read (no /proc, the process gone, a container engine's client)."""
+        if not self.MEASURES_RSS or self.pid is None or self._exited.is_set():
+            return
+        try:
+            res = self.conn.run(["cat", f"/proc/{self.pid}/status"], timeout=15)
+        except DeviceError:
+            return
+        m = _VMHWM.search(res.stdout)
+        if res.returncode == 0 and m:
+            self.peak_rss_kib = int(m.group(1))
+
     def stop(self) -> None:
-        """Stop the server and the tunnel; safe to call more than once and after a failed start."""
+        """Stop the server and the tunnel (its peak RSS read first); safe to call more than once and after a failed
+        start."""
         if self._stopped:
             return
         self._stopped = True
+        self.read_peak_rss()
         try:
             if self._forwarder is not None:
                 self._forwarder.close()
