@@ -205,6 +205,34 @@ def test_the_watch_stops_dispatching_and_lets_in_flight_requests_finish():
     assert all(isinstance(s.error, NotSent) and "too slow" in str(s.error) and s.worker == -1 for s in unsent)
 
 
+def test_without_drain_the_watch_gives_in_flight_requests_up_at_once():
+    """Far over capacity a level's queue can outlast everything before the verdict: with drain=False the requests in
+    flight when the watch speaks are given up (GivenUp) and abort() breaks their sends."""
+    release, aborted = threading.Event(), []
+    blocked = threading.Semaphore(0)
+
+    def send(spec, worker):
+        if spec.index >= 2:
+            blocked.release()
+            release.wait(30)  # would hold the level for 30 s were it drained
+        return spec.index
+
+    def watch(done):
+        # Called by the worker that completed the second request: the other two are in a blocked send by now.
+        assert blocked.acquire(timeout=10) and blocked.acquire(timeout=10)
+        return "over-saturated"
+
+    def abort():
+        aborted.append(1)
+        release.set()
+
+    run = run_level(send, _specs(30), concurrency=3, watch=watch, watch_every=2, abort=abort, drain=False)
+    assert run.stopped_early == "over-saturated" and aborted == [1]
+    in_flight = [s for s in run.sent if s.dispatched and not s.ok]
+    assert len(in_flight) == 2 and all(isinstance(s.error, GivenUp) for s in in_flight)
+    assert [s.spec.index for s in run.sent if s.ok] == [0, 1]
+
+
 def test_a_level_timeout_records_unsent_and_in_flight_requests_as_timeouts():
     gate = threading.Event()
 

@@ -169,11 +169,13 @@ def run_level(send: Callable[[RequestSpec, int], Any], specs: Sequence[RequestSp
               concurrency: Optional[int] = None, max_in_flight: int = 256, timeout_s: float = 600.0,
               watch: Optional[Callable[[list[Sent]], Optional[str]]] = None, watch_every: int = 4,
               stop: Optional[threading.Event] = None, abort: Optional[Callable[[], None]] = None,
-              join_timeout_s: float = 5.0) -> LevelRun:
+              join_timeout_s: float = 5.0, drain: bool = True) -> LevelRun:
     """Send `specs` as one load level and return what happened to each (module doc for the two loops).
 
     watch(completed so far, in completion order) is called every `watch_every` completions; a reason it returns
-    stops dispatching, lets in-flight requests finish (within the level's timeout) and becomes `stopped_early`.
+    stops dispatching and becomes `stopped_early`; in-flight requests then finish (within the level's timeout), or
+    with drain=False are given up at once (a GivenUp error each, `abort()` called): far over capacity, the queue
+    behind a verdict can take longer than everything before it.
     After `timeout_s` the level is given up: unsent requests get a TimeoutError, in-flight ones too.
     `abort()` (optional) is called once when the level is given up (stop, interrupt, timeout) so that blocked sends
     return; workers still running `join_timeout_s` later are left (daemon threads) with a warning."""
@@ -202,7 +204,8 @@ def run_level(send: Callable[[RequestSpec, int], Any], specs: Sequence[RequestSp
             threads = _open_loop(lv, specs, pending, max_in_flight, deadline, stop)
         elif specs:
             threads = _closed_loop(lv, specs, min(concurrency, len(specs)))
-        _wait_settled(lv, deadline, stop, lambda: _over(lv, len(specs), open_loop))
+        _wait_settled(lv, deadline, stop, lambda: _over(lv, len(specs), open_loop) or
+                      (not drain and lv.stopped is not None))
     except BaseException as exc:  # Ctrl-C in the calling thread: give the level up, then raise
         lv.fatal = lv.fatal or exc
         lv.stop_with(f"interrupted ({type(exc).__name__})")
@@ -211,9 +214,11 @@ def run_level(send: Callable[[RequestSpec, int], Any], specs: Sequence[RequestSp
         now = time.perf_counter()
         if lv.timed_out:
             lv.give_up(TimeoutError(f"given up in flight: the level did not finish within {timeout_s:g} s"), now)
-        elif lv.fatal is not None or (stop is not None and stop.is_set()):
+        given_up = lv.fatal is not None or (stop is not None and stop.is_set()) or \
+            (not drain and lv.stopped is not None)
+        if not lv.timed_out and given_up:
             lv.give_up(GivenUp(f"given up in flight: {lv.stopped or 'stopped'}"), now)
-        if lv.timed_out or lv.fatal is not None or (stop is not None and stop.is_set()):
+        if lv.timed_out or given_up:
             if abort is not None:
                 aborted = True
                 try:
