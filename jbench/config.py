@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from jbench.core.identity import section_schemas as group_schemas
 from jbench.core.schema import DeviceConfig, JBenchConfig, ModelConfig, ProfileConfig, TrackingConfig
 from jbench.core.registry import backend_schemas
 
@@ -160,8 +161,6 @@ def mapping_keys() -> frozenset[str]:
         import dataclasses
         import typing
 
-        from jbench.core.identity import section_schemas
-
         found: set[str] = set()
 
         def walk(schema: type, prefix: str) -> None:
@@ -174,7 +173,7 @@ def mapping_keys() -> frozenset[str]:
                     walk(hint, f"{prefix}{f.name}.")
 
         walk(JBenchConfig, "")
-        for section, schema in section_schemas().items():
+        for section, schema in group_schemas().items():
             walk(schema, f"{section}.")
         for schema in backend_schemas().values():
             walk(schema, "backend.")
