@@ -5,7 +5,7 @@ Errors a user can cause end in one clear message (exit 2) naming the fix; traceb
 codes: jbench.core.exitcodes.ExitCode, listed in docs/cli.md.
 """
 
-from jbench.cli import bisect, devices, farm, memory, nightly, run, stored, tools  # noqa: F401  (registers their commands)
+from jbench.cli import advise, bisect, devices, farm, memory, nightly, run, stored, tools  # noqa: F401  (registers their commands)
 from jbench.cli.app import main
 
 __all__ = ["main"]

@@ -1,0 +1,57 @@
+"""`jbench advise` on real runs: two sweeps of the embedded default (the bundled model at two quants, each run twice, so
+each configuration has a spread between its runs), then the advisor's answer, its exit codes, JSON and plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import jbench_cli
+
+SWEEP = ["sweep", "model.quant=Q4_0,Q8_0", "backend.n_prompt=16", "backend.n_gen=16", "backend.repetitions=3",
+         "backend.threads=1", "quality.enabled=false", "telemetry.idle_s=0.5", "telemetry.cooldown_s=0"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, llama_build, bundled_model):
+    results = tmp_path_factory.mktemp("advise")
+    env = {"JBENCH_RESULTS_DIR": str(results)}
+    for extra in ([], ["sweep.rerun=true"]):  # a second run of each configuration
+        res = jbench_cli([*SWEEP, *extra], env_extra=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+    return env
+
+
+@pytest.mark.e2e
+def test_the_answer_from_two_runs_per_configuration(store, tmp_path):
+    plot = tmp_path / "front.png"
+    res = jbench_cli(["advise", "--maximize", "decode_tps", "--require", "memory_peak_rss_mib<=4000",
+                      "--pareto", "decode_tps,memory_peak_rss_mib", "--plot", str(plot)], env_extra=store)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "BEST: model.quant=" in res.stdout and plot.stat().st_size > 10_000
+    res = jbench_cli(["advise", "--maximize", "decode_tps", "--require", "memory_peak_rss_mib<=4000", "-o", "json"],
+                     env_extra=store)
+    out = json.loads(res.stdout)
+    assert out["outcome"] == "found" and len(out["candidates"]) == 2
+    best = out["best"]
+    assert best["runs"] == 2 and best["objective"]["basis"] == "runs" and best["objective"]["se"] > 0
+    assert best["probabilities"]["memory_peak_rss_mib <= 4000"] > 0.9
+    others = [c for c in out["candidates"] if c is not best and c["config_hash"] != best["config_hash"]]
+    assert all(c["objective"]["mean"] <= best["objective"]["mean"] for c in others)
+
+
+@pytest.mark.e2e
+def test_no_answer_and_bad_input_have_their_exit_codes(store):
+    res = jbench_cli(["advise", "--maximize", "decode_tps", "--require", "decode_tps>=100000"], env_extra=store)
+    assert res.returncode == 3 and "met by nothing" in res.stderr and "closest" in res.stderr
+    res = jbench_cli(["advise", "--maximize", "decode_tp"], env_extra=store)
+    assert res.returncode == 2 and "did you mean decode_tps" in res.stderr
+    res = jbench_cli(["advise", "--goal", "fast_within_quality"], env_extra=store)  # no quality measured here
+    assert res.returncode == 2 and "quality_kld_mean' is not recorded" in res.stderr
+    res = jbench_cli(["advise", "--goal", "nope"], env_extra=store)
+    assert res.returncode == 2 and "Shipped: edge_efficiency, fast_within_quality" in res.stderr
+    res = jbench_cli(["advise", "--maximize", "decode_tps", "--require", "decode_tps=5"], env_extra=store)
+    assert res.returncode == 2 and "write METRIC>=VALUE" in res.stderr
+    res = jbench_cli(["advise", "nope_experiment", "--maximize", "decode_tps"], env_extra=store)
+    assert res.returncode == 2
