@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jbench.cli.app import _fail, common_options, console, main
+from jbench.core import metrics as M
 from jbench.core.exitcodes import ExitCode
 
 HELP = """Answer from what is already measured: the configuration with the best OBJECTIVE among those that meet
@@ -93,7 +94,6 @@ def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Opt
            plot_path: Optional[str], results_dir: Optional[str]) -> None:
     from jbench.analysis.advice import AdviceError, Goal, advise as run_advise, parse_constraint
     from jbench.cli.stored import _results_tracker, _sample_loader
-    from jbench.core import metrics as M
     from jbench.tracking.reader import runs_frame, with_current_hashes
 
     goal_data = _load_goal(goal_spec) if goal_spec else {}
