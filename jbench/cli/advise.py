@@ -69,32 +69,12 @@ def _load_goal(spec: str) -> dict[str, Any]:
     return data
 
 
-@main.command(help=HELP)
-@click.argument("experiments", nargs=-1)
-@click.option("--goal", "goal_spec", default=None, help="A shipped goal name or a YAML file.")
-@click.option("--maximize", default=None, metavar="METRIC")
-@click.option("--minimize", default=None, metavar="METRIC")
-@click.option("--require", "requires", multiple=True, metavar="'METRIC>=VALUE'",
-              help="A constraint (repeatable): METRIC>=VALUE or METRIC<=VALUE.")
-@click.option("--sweep", "sweep_ids", multiple=True, metavar="ID", help="Only runs of this sweep (repeatable).")
-@click.option("--device", "device", default=None, help="Only runs on this device (its name).")
-@click.option("--device-class", "device_class", default=None, help="Only runs on units of this device class.")
-@click.option("--pareto", "pareto_spec", default=None, metavar="X,Y", help="The Pareto front of these two metrics.")
-@click.option("--confidence", type=float, default=None,
-              help="The probability of meeting the constraints a configuration needs (default 0.9).")
-@click.option("--alpha", type=float, default=None,
-              help="Significance of 'worse than the best' for the runners-up (default 0.05).")
-@click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Write the Pareto plot (PNG) here (needs --pareto or a goal's pareto).")
-@common_options
-def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Optional[str], minimize: Optional[str],
-           requires: tuple[str, ...], sweep_ids: tuple[str, ...], device: Optional[str], device_class: Optional[str],
-           pareto_spec: Optional[str], confidence: Optional[float], alpha: Optional[float], fmt: str,
-           plot_path: Optional[str], results_dir: Optional[str]) -> None:
-    from jbench.analysis.advice import AdviceError, Goal, advise as run_advise, parse_constraint
-    from jbench.cli.stored import _results_tracker, _sample_loader
-    from jbench.tracking.reader import runs_frame, with_current_hashes
+def goal_from(goal_spec: Optional[str], maximize: Optional[str], minimize: Optional[str], requires: tuple[str, ...],
+              pareto_spec: Optional[str] = None, confidence: Optional[float] = None,
+              alpha: Optional[float] = None) -> tuple[Any, Optional[tuple[str, str]]]:
+    """(Goal, Pareto metrics) from a goal file or name and the command line's additions (`advise`, `sweep --search`);
+    bad input ends in one message (exit 2)."""
+    from jbench.analysis.advice import AdviceError, Goal, parse_constraint
 
     goal_data = _load_goal(goal_spec) if goal_spec else {}
     if maximize and minimize:
@@ -118,11 +98,50 @@ def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Opt
         if len(parts) != 2:
             raise _fail(f"--pareto {spec}: give two metrics, X,Y")
         pareto_metrics = (parts[0], parts[1])
-    if plot_path and not pareto_metrics:
-        raise _fail("--plot draws the Pareto front: give --pareto X,Y (or a goal with pareto)")
     goal = Goal(objective=objective, direction=direction, constraints=tuple(constraints),
                 confidence=confidence if confidence is not None else float(goal_data.get("confidence", 0.9)),
                 alpha=alpha if alpha is not None else float(goal_data.get("alpha", 0.05)))
+    problems = goal.problems()
+    if problems:
+        raise _fail("; ".join(problems))
+    return goal, pareto_metrics
+
+
+def better(metric: str) -> int:
+    """+1 when higher is better (the metric's declaration; undeclared: higher), -1 when lower."""
+    decl = M.find(metric)
+    return decl.sign if decl is not None and decl.sign else 1
+
+
+@main.command(help=HELP)
+@click.argument("experiments", nargs=-1)
+@click.option("--goal", "goal_spec", default=None, help="A shipped goal name or a YAML file.")
+@click.option("--maximize", default=None, metavar="METRIC")
+@click.option("--minimize", default=None, metavar="METRIC")
+@click.option("--require", "requires", multiple=True, metavar="'METRIC>=VALUE'",
+              help="A constraint (repeatable): METRIC>=VALUE or METRIC<=VALUE.")
+@click.option("--sweep", "sweep_ids", multiple=True, metavar="ID", help="Only runs of this sweep (repeatable).")
+@click.option("--device", "device", default=None, help="Only runs on this device (its name).")
+@click.option("--device-class", "device_class", default=None, help="Only runs on units of this device class.")
+@click.option("--pareto", "pareto_spec", default=None, metavar="X,Y", help="The Pareto front of these two metrics.")
+@click.option("--confidence", type=float, default=None,
+              help="The probability of meeting the constraints a configuration needs (default 0.9).")
+@click.option("--alpha", type=float, default=None,
+              help="Significance of 'worse than the best' for the runners-up (default 0.05).")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the Pareto plot (PNG) here (needs --pareto or a goal's pareto).")
+@common_options
+def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Optional[str], minimize: Optional[str],
+           requires: tuple[str, ...], sweep_ids: tuple[str, ...], device: Optional[str], device_class: Optional[str],
+           pareto_spec: Optional[str], confidence: Optional[float], alpha: Optional[float], fmt: str,
+           plot_path: Optional[str], results_dir: Optional[str]) -> None:
+    from jbench.cli.stored import _results_tracker
+    from jbench.tracking.reader import runs_frame
+
+    goal, pareto_metrics = goal_from(goal_spec, maximize, minimize, requires, pareto_spec, confidence, alpha)
+    if plot_path and not pareto_metrics:
+        raise _fail("--plot draws the Pareto front: give --pareto X,Y (or a goal with pareto)")
 
     tracker = _results_tracker(results_dir)
     try:
@@ -135,6 +154,24 @@ def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Opt
             df = df[df[col] == value] if col in df.columns else df.iloc[0:0]
             if df.empty:
                 raise _fail(f"{what} {value}: no trial run of the selection ran there")
+    result = answer(tracker, df, goal, pareto_metrics)
+    if plot_path:
+        _plot(result, plot_path)
+    if fmt == "json":
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        print_advice(result, plot_path)
+    if result.outcome != "found":
+        raise click.exceptions.Exit(ExitCode.NO_VERDICT)
+
+
+def answer(tracker: Any, df: Any, goal: Any, pareto_metrics: Optional[tuple[str, str]]) -> Any:
+    """The advice over a run table read from `tracker` (its repetition samples read once per run and metric);
+    bad input ends in one message (exit 2)."""
+    from jbench.analysis.advice import AdviceError, advise as run_advise
+    from jbench.cli.stored import _sample_loader
+    from jbench.tracking.reader import with_current_hashes
+
     df = with_current_hashes(df) if not df.empty else df
     loader = _sample_loader(tracker)
     cached = lru_cache(maxsize=None)(lambda ids, metric: loader(list(ids), metric))
@@ -142,30 +179,18 @@ def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Opt
     def samples(run_ids: list[str], metric: str):
         return cached(tuple(run_ids), metric)
 
-    def better(metric: str) -> int:
-        decl = M.find(metric)
-        return decl.sign if decl is not None and decl.sign else 1
-
     try:
-        result = run_advise(df, goal, samples, pareto_metrics,
-                            (better(pareto_metrics[0]), better(pareto_metrics[1])) if pareto_metrics else None)
+        return run_advise(df, goal, samples, pareto_metrics,
+                          (better(pareto_metrics[0]), better(pareto_metrics[1])) if pareto_metrics else None)
     except AdviceError as exc:
         raise _fail(str(exc)) from None
-    if plot_path:
-        _plot(result, plot_path)
-    if fmt == "json":
-        click.echo(json.dumps(result.as_dict(), indent=2))
-    else:
-        _print(result, plot_path)
-    if result.outcome != "found":
-        raise click.exceptions.Exit(ExitCode.NO_VERDICT)
 
 
 def _g(v: float, digits: int = 4) -> str:
     return f"{v:.{digits}g}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
-def _print(result, plot_path: Optional[str]) -> None:
+def print_advice(result: Any, plot_path: Optional[str] = None) -> None:
     goal = result.goal
     head = f"{'maximise' if goal.direction > 0 else 'minimise'} {goal.objective}"
     if goal.constraints:

@@ -9,7 +9,7 @@ output quality (`cli/summary.py` `choice_lines`; docs/choosing.md).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import click
 from rich.console import Console
@@ -235,7 +235,7 @@ def _estimate_line(ests) -> str:
     return line
 
 
-def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
+def _execute(plan_, dry_run: bool, fmt: str = "table", search: Optional[dict] = None) -> None:
     from jbench.sweeps.sweep import (PreflightError, SweepInputError, check_store, durations, estimates, run_sweep,
                                      tracker_factory)
 
@@ -278,6 +278,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
             click.echo(format_records(rows, fmt), nl=False)
         return
 
+    searcher, goal, pareto = _searcher(plan_, search, lambda: factory()) if search else (None, None, None)
     try:
         store = check_store(plan_.tracking, plan_.experiment, len(plan_.trials))
     except SweepInputError as exc:
@@ -292,10 +293,17 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
 
     _signals_as_interrupt()
     eta = Eta(durations(plan_)) if console.is_terminal else None  # only the bar shows it
+    factory = tracker_factory(plan_.tracking, store, say)
     with _TrialProgress(console, len(plan_.trials), keys, pool=plan_.pool is not None, eta=eta) as progress:
+        order = searcher.order if searcher is not None else None
+
+        def end(outcome) -> None:
+            if searcher is not None:  # the search looks at each outcome before it chooses the next trial
+                searcher.observe(outcome)
+            progress.end(outcome)
         try:
-            result = run_sweep(plan_, tracker_factory(plan_.tracking, store, say), on_trial_start=progress.start,
-                               on_trial_end=progress.end, on_resume=progress.resumed)
+            result = run_sweep(plan_, factory, on_trial_start=progress.start, on_trial_end=end,
+                               on_resume=progress.resumed, order=order)
         except PreflightError as exc:
             progress.stop()
             raise _fail(f"the device is not ready; nothing was run:\n{exc}") from None
@@ -327,7 +335,55 @@ def _execute(plan_, dry_run: bool, fmt: str = "table") -> None:
                       f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
+    if searcher is not None:
+        _search_answer(plan_, searcher, goal, pareto, result, console)
     raise click.exceptions.Exit(result.exit_code)
+
+
+def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
+    """(Search, Goal, Pareto metrics) for `sweep --search`; bad input ends in one message (exit 2)."""
+    from jbench.cli.advise import goal_from
+    from jbench.sweeps.search import Search, SearchSettings, decode_ceiling
+
+    if plan_.pool is not None:
+        raise _fail("--search runs on one device: name it (device=NAME), not a device class")
+    if not plan_.dims:
+        raise _fail("--search chooses among a grid's trials: give an experiment with a grid or comma lists "
+                    "(key=a,b)")
+    goal, pareto = goal_from(search["goal"], search["maximize"], search["minimize"], tuple(search["requires"]))
+    settings = SearchSettings(budget_trials=search["budget_trials"], budget_s=search["budget_s"],
+                              max_runs=search["max_runs"], patience=search["patience"], seed=search["seed"])
+    problems = settings.problems()
+    if problems:
+        raise _fail("; ".join(problems))
+    opened: list = []
+
+    def earlier(run_id: str) -> dict:
+        if not opened:
+            opened.append(tracker())
+        return dict(opened[0].run_record(run_id)["metrics"])
+
+    return Search(goal, settings, dims=plan_.dims, upper_bound=decode_ceiling, earlier_metrics=earlier), goal, pareto
+
+
+def _search_answer(plan_, searcher, goal, pareto, result, console) -> None:
+    """What the search measured, why it stopped, and the advisor's answer over this sweep's runs."""
+    from jbench.cli.advise import answer, print_advice
+    from jbench.tracking.reader import runs_frame
+
+    grid = len({t.config_hash for t in plan_.trials})
+    measured = len(searcher.measured)
+    console.print(f"search: {measured} of {grid} configuration(s) measured in {searcher.runs} run(s); stopped: "
+                  f"{searcher.stop_reason}", highlight=False, soft_wrap=True)
+    for trial, why in searcher.pruned:
+        console.print(f"[cyan]ruled out before running:[/] {escape(trial.label)}: {escape(why)}", highlight=False)
+    if result.tracker is None:
+        return
+    df = runs_frame(result.tracker, [result.experiment], sweep_ids=[result.sweep_id])
+    if df.empty:
+        console.print("search: no trial finished: no answer", highlight=False)
+        return
+    print_advice(answer(result.tracker, df, goal, pareto))
 
 
 def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_grid: bool) -> None:
@@ -436,7 +492,8 @@ def _run_options(fn):
     return common_options(_config_dir_option(fn))
 
 
-def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, *, use_grid: bool) -> None:
+def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, *, use_grid: bool,
+             search: Optional[dict] = None) -> None:
     overrides = _with_results_dir(overrides, results_dir)
     if info:
         return _show_info(overrides, config_dirs)
@@ -447,16 +504,40 @@ def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, in
     if not dry_run:
 
         preload()  # MLflow's import overlaps planning and the device checks
-    _execute(_plan(overrides, config_dirs, use_grid=use_grid), dry_run, fmt)
+    _execute(_plan(overrides, config_dirs, use_grid=use_grid), dry_run, fmt, search)
 
 
 @main.command(context_settings=_OVERRIDES)
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--search", "search_goal", default=None, metavar="GOAL",
+              help="Measure only what can change the answer to GOAL (a shipped goal name or a YAML file, as for "
+                   "`jbench advise --goal`; --maximize/--minimize/--require add to it): an adaptive search over the "
+                   "grid that ends with the advisor's answer (docs/advise.md).")
+@click.option("--maximize", default=None, metavar="METRIC", help="With --search: the objective.")
+@click.option("--minimize", default=None, metavar="METRIC", help="With --search: the objective.")
+@click.option("--require", "requires", multiple=True, metavar="'METRIC>=VALUE'", help="With --search: a constraint.")
+@click.option("--budget-trials", type=int, default=None, help="With --search: runs to measure at most.")
+@click.option("--budget-time", "budget_s", type=float, default=None, help="With --search: seconds at most.")
+@click.option("--max-runs", type=int, default=3, show_default=True,
+              help="With --search: runs of one configuration at most (repeated while its verdict is undecided).")
+@click.option("--patience", type=int, default=None,
+              help="With --search: stop after this many configurations without a better feasible one (default: a "
+                   "third of the grid, at least 5).")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --search: the optimiser's seed.")
 @_run_options
 def sweep(overrides: tuple[str, ...], config_dirs: tuple[str, ...], results_dir: Optional[str], dry_run: bool,
-          fmt: str, cfg: Optional[str], package: Optional[str], info: bool) -> None:
+          fmt: str, cfg: Optional[str], package: Optional[str], info: bool, search_goal: Optional[str],
+          maximize: Optional[str], minimize: Optional[str], requires: tuple[str, ...], budget_trials: Optional[int],
+          budget_s: Optional[float], max_runs: int, patience: Optional[int], seed: int) -> None:
     """Run an experiment's grid: jbench sweep +experiment=quant_ladder [key=value|key=a,b ...]"""
-    _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, use_grid=True)
+    search = None
+    if search_goal or maximize or minimize or requires:
+        search = {"goal": search_goal, "maximize": maximize, "minimize": minimize, "requires": requires,
+                  "budget_trials": budget_trials, "budget_s": budget_s, "max_runs": max_runs, "patience": patience,
+                  "seed": seed}
+    elif budget_trials is not None or budget_s is not None or patience is not None:
+        raise _fail("--budget-trials, --budget-time and --patience bound a search: add --search GOAL (or --maximize)")
+    _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, info, use_grid=True, search=search)
 
 
 @main.command(context_settings=_OVERRIDES)

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 from urllib.parse import urlparse
 
 from jbench.core.errors import UserError
@@ -72,13 +72,15 @@ def run_sweep(plan: Plan, tracker_factory: Callable[[], Tracker], *, every_unit:
               stages: Optional[list[Stage]] = None, on_trial_start: Callable[[Trial], None] = lambda t: None,
               on_trial_end: Callable[[TrialOutcome], None] = lambda o: None,
               on_unit_dropped: Callable[[str], None] = lambda note: None,
-              on_resume: Callable[[list[Trial]], None] = lambda trials: None) -> SweepOutcome:
+              on_resume: Callable[[list[Trial]], None] = lambda trials: None,
+              order: Optional[Callable[[list[Trial]], Iterable[Trial]]] = None) -> SweepOutcome:
     """Run the plan (module doc). `every_unit`: over a device class, every unit runs every trial (a nightly);
     else the units share one queue. `on_resume`: the trials resume will skip, once that is decided (a progress
-    bar's time left). Raises PreflightError when a device is not ready (nothing ran), KeyboardInterrupt after
-    recording the interruption."""
+    bar's time left). `order`: which of the plan's trials run, one at a time (`sweep --search`: it may look at each
+    outcome, through on_trial_end, before it yields the next); one device only. Raises PreflightError when a device is
+    not ready (nothing ran), KeyboardInterrupt after recording the interruption."""
     return _Sweep(plan, tracker_factory, every_unit=every_unit, stages=stages, on_trial_start=on_trial_start,
-                  on_trial_end=on_trial_end, on_unit_dropped=on_unit_dropped, on_resume=on_resume).run()
+                  on_trial_end=on_trial_end, on_unit_dropped=on_unit_dropped, on_resume=on_resume, order=order).run()
 
 
 def _group_key(trial: Trial) -> tuple:
@@ -162,8 +164,12 @@ class _Sweep:
     def __init__(self, plan: Plan, tracker_factory: Callable[[], Tracker], *, every_unit: bool,
                  stages: Optional[list[Stage]], on_trial_start: Callable[[Trial], None],
                  on_trial_end: Callable[[TrialOutcome], None], on_unit_dropped: Callable[[str], None],
-                 on_resume: Callable[[list[Trial]], None] = lambda trials: None):
+                 on_resume: Callable[[list[Trial]], None] = lambda trials: None,
+                 order: Optional[Callable[[list[Trial]], Iterable[Trial]]] = None):
+        if order is not None and plan.pool is not None:
+            raise ValueError("a chosen trial order runs on one device, not a device class")
         self.plan, self.tracker_factory, self.every_unit = plan, tracker_factory, every_unit
+        self.order = order
         self.on_resume = on_resume
         self.stages = stages if stages is not None else default_stages()
         self.on_trial_start, self.on_trial_end, self.on_unit_dropped = on_trial_start, on_trial_end, on_unit_dropped
@@ -395,7 +401,8 @@ class _Sweep:
             if self.plan.pool is not None:
                 self._run_pool(trials, done, runner)
             else:
-                self.scheduler.serial(trials, lambda t: self._one(t, t, done, runner, None))
+                chosen = self.order(trials) if self.order is not None else trials
+                self.scheduler.serial(chosen, lambda t: self._one(t, t, done, runner, None))
         except (KeyboardInterrupt, Stopped) as exc:
             self.scheduler.stop.set()
             reason = str(exc) if isinstance(exc, StoreFull) else interrupted_by(exc)
