@@ -55,3 +55,26 @@ def test_no_answer_and_bad_input_have_their_exit_codes(store):
     assert res.returncode == 2 and "write METRIC>=VALUE" in res.stderr
     res = jbench_cli(["advise", "nope_experiment", "--maximize", "decode_tps"], env_extra=store)
     assert res.returncode == 2
+
+
+@pytest.mark.e2e
+def test_a_search_sweep_measures_part_of_the_grid_and_ends_with_the_answer(tmp_path, llama_build, bundled_model):
+    from mlflow.tracking import MlflowClient
+
+    env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
+    res = jbench_cli(["sweep", "model.quant=Q4_0,Q8_0,F16", "backend.threads=1,2", "backend.n_prompt=16",
+                      "backend.n_gen=16", "backend.repetitions=3", "quality.enabled=false", "telemetry.idle_s=0.5",
+                      "telemetry.cooldown_s=0", "--maximize", "decode_tps", "--require", "memory_peak_rss_mib<=450",
+                      "--budget-trials", "3", "--seed", "1"], env_extra=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "search: " in res.stdout and "of 6 configuration(s) measured in 3 run(s); stopped: the trial budget" \
+        in res.stdout
+    assert "BEST: " in res.stdout or "NO VERDICT" in res.stderr
+    c = MlflowClient(f"sqlite:///{tmp_path}/r/mlflow.db")
+    exp = c.get_experiment_by_name("adhoc")
+    trials = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("jbench.kind") == "trial"]
+    assert len(trials) == 3 and {r.info.status for r in trials} == {"FINISHED"}
+    parents = {r.data.tags["mlflow.parentRunId"] for r in trials}
+    assert len(parents) == 1  # one sweep run, as for a full grid
+    res = jbench_cli(["sweep", "model.quant=Q4_0,Q8_0", "--budget-trials", "3"], env_extra=env)
+    assert res.returncode == 2 and "bound a search" in res.stderr

@@ -7,8 +7,8 @@ advisor's answer over the trials it measured (jbench.analysis.advice).
 
 **The optimiser**: Optuna's TPE sampler over the grid's dimensions as categorical parameters (power mode, quant,
 KV type and backend are categories, not numbers; TPE models each category's density, where a Gaussian process needs
-an embedding), with its constraints function: each measured configuration tells its objective and one violation
-per constraint (bound − value for `>=`, value − bound for `<=`, scaled by the bound: <= 0 is feasible), so TPE draws
+an embedding), with constraints: each measured configuration tells its objective and one violation per constraint
+(`Trial.set_constraint`) (bound − value for `>=`, value − bound for `<=`, scaled by the bound: <= 0 is feasible), so TPE draws
 from the feasible good region. A suggestion the grid does not hold (a cell dropped by the experiment's rules) is told
 as failed; a suggestion already measured is told its measured value again; after 50 such asks in a row an
 unmeasured cell is enqueued at random (the seed's), so the search always makes progress. A FAILED trial (out of
@@ -23,8 +23,10 @@ the search stops ("no candidate can beat the incumbent").
 **Repetitions adapt to the noise**: after a configuration is measured, it is measured again (another run of it: the
 trial as the unit of noise) while it is undecided, up to `max_runs`: its probability of meeting the constraints
 between 1 − confidence and confidence, or its objective not significantly different from the incumbent's (Welch at
-alpha) while it could be the better one. A configuration clearly feasible and clearly worse, or clearly infeasible,
-is not measured again.
+alpha). A configuration clearly feasible and clearly worse, or clearly infeasible, is not measured again. A figure
+measured once with no spread of its own (a memory pass runs once per trial) is judged with the pooled relative
+run-to-run spread of the configurations measured more than once (5 % before there are any): noise differs from
+point to point, and each point's own spread is used where it was measured.
 
 **Stops** at the trial budget (runs measured), the time budget, when every cell was measured or ruled out, when no
 cell can beat the incumbent (above), or after `patience` new configurations without a better feasible one.
@@ -77,7 +79,9 @@ class Measured:
     runs: list[dict[str, float]] = dataclasses.field(default_factory=list)
     failed: int = 0
 
-    def estimate(self, metric: str) -> Estimate:
+    def estimate(self, metric: str, pooled_cv: Optional[float] = None) -> Estimate:
+        """The configuration's estimate (as the advisor's, from the outcomes seen); one value without a spread of its
+        own borrows `pooled_cv` (the relative run-to-run spread of the configurations measured more than once)."""
         values = [float(r[metric]) for r in self.runs if metric in r and math.isfinite(float(r[metric]))]
         if not values:
             return Estimate(math.nan, math.nan, math.nan, 0, "missing")
@@ -93,6 +97,8 @@ class Measured:
             return Estimate(mean, std / math.sqrt(n), n - 1, n, "repetitions (one trial)")
         if err is not None and math.isfinite(err):
             return Estimate(mean, err, math.inf, 1, "tool error")
+        if pooled_cv is not None:
+            return Estimate(mean, pooled_cv * abs(mean), math.inf, 1, "one value, pooled noise")
         return Estimate(mean, math.nan, math.nan, 1, "one value")
 
 
@@ -114,11 +120,15 @@ def violations(goal: Goal, m: Measured) -> list[float]:
     return out
 
 
-def verdict(goal: Goal, m: Measured) -> tuple[str, float]:
-    """(meets | fails | undecided, joint probability) as the advisor judges a configuration (its runs so far)."""
+DEFAULT_CV = 0.05  # the relative noise assumed for one value before any configuration was measured twice
+
+
+def verdict(goal: Goal, m: Measured, cv: Callable[[str], float] = lambda metric: DEFAULT_CV) -> tuple[str, float]:
+    """(meets | fails | undecided, joint probability) of a configuration from its runs so far (a value without a
+    spread of its own takes the pooled relative noise `cv(metric)`)."""
     joint, undecided = 1.0, False
     for c in goal.constraints:
-        e = m.estimate(c.metric)
+        e = m.estimate(c.metric, cv(c.metric))
         if not e.known:
             return UNDECIDED, math.nan
         p_up = e.prob_at_least(c.bound)
@@ -196,9 +206,8 @@ class Search:
             self.stop_reason = "nothing to search: every cell was ruled out" if cells else "an empty grid"
             return
         distributions = {k: CategoricalDistribution(labels[k]) for k in keys}
-        sampler = TPESampler(seed=self.settings.seed, constraints_func=lambda ft: ft.user_attrs.get("c", [1.0]),
-                             n_startup_trials=min(10, max(3, len(candidates) // 10)), multivariate=True,
-                             warn_independent_sampling=False)
+        sampler = TPESampler(seed=self.settings.seed, n_startup_trials=min(10, max(3, len(candidates) // 10)),
+                             multivariate=True)
         study = optuna.create_study(direction="maximize" if self.goal.direction > 0 else "minimize", sampler=sampler)
         remaining = set(candidates)
         patience = self.settings.patience or max(5, len(candidates) // 3)
@@ -265,14 +274,30 @@ class Search:
 
             study.tell(ot, state=TrialState.FAIL)
             return
-        ot.set_user_attr("c", violations(self.goal, m) or [0.0])
+        for i, v in enumerate(violations(self.goal, m)):
+            ot.set_constraint(f"c{i}", v)
         study.tell(ot, e.mean)
+
+    def cv(self, metric: str) -> float:
+        """The pooled relative run-to-run spread of `metric` over the configurations measured more than once (the
+        noise a configuration measured once is judged with); DEFAULT_CV before there is any."""
+        ss, dof = 0.0, 0
+        for m in self.measured.values():
+            values = [float(r[metric]) for r in m.runs if metric in r and math.isfinite(float(r[metric]))]
+            if len(values) < 2:
+                continue
+            mean = sum(values) / len(values)
+            if mean == 0:
+                continue
+            ss += sum(((v - mean) / mean) ** 2 for v in values)
+            dof += len(values) - 1
+        return math.sqrt(ss / dof) if dof >= 2 else DEFAULT_CV
 
     def _incumbent(self) -> Optional[str]:
         """The config hash of the best configuration that meets the constraints so far."""
         best, best_value = None, None
         for h, m in self.measured.items():
-            if verdict(self.goal, m)[0] != MEETS:
+            if verdict(self.goal, m, self.cv)[0] != MEETS:
                 continue
             e = m.estimate(self.goal.objective)
             if e.known and (best_value is None or (e.mean - best_value) * self.goal.direction > 0):
@@ -285,11 +310,14 @@ class Search:
         for h, m in self.measured.items():
             if not m.runs or len(m.runs) + m.failed >= self.settings.max_runs:
                 continue
-            v, _ = verdict(self.goal, m)
+            v, _ = verdict(self.goal, m, self.cv)
             if v == UNDECIDED:
                 return h
             if v == MEETS and inc is not None and h != inc:
-                a, b = m.estimate(self.goal.objective), self.measured[inc].estimate(self.goal.objective)
+                cv = self.cv(self.goal.objective)
+                a, b = m.estimate(self.goal.objective, cv), self.measured[inc].estimate(self.goal.objective, cv)
+                if (a.mean - b.mean) * self.goal.direction < 0 and not math.isfinite(_welch_p(a, b)):
+                    continue
                 p = _welch_p(a, b)
                 # Not told apart from the incumbent (or no spread to tell it with): one more run decides.
                 if not (p < self.goal.alpha):
