@@ -39,6 +39,15 @@ def test_the_answer_from_two_runs_per_configuration(store, tmp_path):
     assert best["probabilities"]["memory_peak_rss_mib <= 4000"] > 0.9
     others = [c for c in out["candidates"] if c is not best and c["config_hash"] != best["config_hash"]]
     assert all(c["objective"]["mean"] <= best["objective"]["mean"] for c in others)
+    # The same answer in the report, with its plot.
+    goal = tmp_path / "goal.yaml"
+    goal.write_text("maximize: decode_tps\nconstraints: ['memory_peak_rss_mib <= 4000']\n"
+                    "pareto: [decode_tps, memory_peak_rss_mib]\n")
+    res = jbench_cli(["report", "--goal", str(goal), "--out", str(tmp_path / "rep")], env_extra=store)
+    assert res.returncode == 0, res.stdout + res.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Advice: the best configuration under constraints" in md and "BEST: model.quant=" in md
+    assert (tmp_path / "rep" / "advice_pareto.png").stat().st_size > 10_000
 
 
 @pytest.mark.e2e

@@ -22,6 +22,7 @@ from .conftest import REPO
 # The distribution that provides each top-level module jbench imports (PyPI names). A new third-party import needs an
 # entry here and a declaration in pyproject.toml (the test says which).
 IMPORT_TO_DIST = {
+    "optuna": "optuna",
     "click": "click",
     "gguf": "gguf",
     "grpc": "grpcio",

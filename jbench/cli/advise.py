@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jbench.cli.app import _fail, common_options, console, main
-from jbench.core import metrics as M
+from jbench.cli.goals import answer, goal_from
 from jbench.core.exitcodes import ExitCode
 
 HELP = """Answer from what is already measured: the configuration with the best OBJECTIVE among those that meet
@@ -39,78 +38,6 @@ Examples:
   jbench advise --maximize decode_tokens_per_joule --require 'decode_tps>=20' --require 'decode_avg_power_w<=15' \\
       --device orin --pareto decode_tps,decode_tokens_per_joule --plot advice.png
 """
-
-
-def _load_goal(spec: str) -> dict[str, Any]:
-    import yaml
-    from importlib.resources import files
-
-    path = Path(spec)
-    if spec.endswith((".yaml", ".yml")) or path.is_file():
-        if not path.is_file():
-            raise _fail(f"--goal {spec}: no such file")
-        text = path.read_text()
-    else:
-        shipped = files("jbench.conf").joinpath("advice", f"{spec}.yaml")
-        if not shipped.is_file():
-            names = sorted(p.name[:-5] for p in files("jbench.conf").joinpath("advice").iterdir()
-                           if p.name.endswith(".yaml"))
-            raise _fail(f"--goal {spec}: no shipped goal of that name. Shipped: {', '.join(names)} (or give a "
-                        "YAML file)")
-        text = shipped.read_text()
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise _fail(f"--goal {spec}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    unknown = set(data) - {"maximize", "minimize", "constraints", "pareto", "confidence", "alpha"}
-    if unknown:
-        raise _fail(f"--goal {spec}: unknown key(s) {', '.join(sorted(unknown))}. Valid: maximize, minimize, "
-                    "constraints, pareto, confidence, alpha")
-    return data
-
-
-def goal_from(goal_spec: Optional[str], maximize: Optional[str], minimize: Optional[str], requires: tuple[str, ...],
-              pareto_spec: Optional[str] = None, confidence: Optional[float] = None,
-              alpha: Optional[float] = None) -> tuple[Any, Optional[tuple[str, str]]]:
-    """(Goal, Pareto metrics) from a goal file or name and the command line's additions (`advise`, `sweep --search`);
-    bad input ends in one message (exit 2)."""
-    from jbench.analysis.advice import AdviceError, Goal, parse_constraint
-
-    goal_data = _load_goal(goal_spec) if goal_spec else {}
-    if maximize and minimize:
-        raise _fail("give --maximize or --minimize, not both")
-    if maximize or minimize:
-        goal_data.pop("maximize", None)
-        goal_data.pop("minimize", None)
-        goal_data["maximize" if maximize else "minimize"] = maximize or minimize
-    objective = goal_data.get("maximize") or goal_data.get("minimize")
-    if not objective:
-        raise _fail("give the objective: --maximize METRIC or --minimize METRIC (or --goal NAME)")
-    direction = 1 if goal_data.get("maximize") else -1
-    try:
-        constraints = [parse_constraint(str(c)) for c in [*goal_data.get("constraints", []), *requires]]
-    except AdviceError as exc:
-        raise _fail(str(exc)) from None
-    pareto_metrics: Optional[tuple[str, str]] = None
-    spec = pareto_spec or (",".join(goal_data["pareto"]) if goal_data.get("pareto") else None)
-    if spec:
-        parts = [p.strip() for p in spec.split(",") if p.strip()]
-        if len(parts) != 2:
-            raise _fail(f"--pareto {spec}: give two metrics, X,Y")
-        pareto_metrics = (parts[0], parts[1])
-    goal = Goal(objective=objective, direction=direction, constraints=tuple(constraints),
-                confidence=confidence if confidence is not None else float(goal_data.get("confidence", 0.9)),
-                alpha=alpha if alpha is not None else float(goal_data.get("alpha", 0.05)))
-    problems = goal.problems()
-    if problems:
-        raise _fail("; ".join(problems))
-    return goal, pareto_metrics
-
-
-def better(metric: str) -> int:
-    """+1 when higher is better (the metric's declaration; undeclared: higher), -1 when lower."""
-    decl = M.find(metric)
-    return decl.sign if decl is not None and decl.sign else 1
 
 
 @main.command(help=HELP)
@@ -163,27 +90,6 @@ def advise(experiments: tuple[str, ...], goal_spec: Optional[str], maximize: Opt
         print_advice(result, plot_path)
     if result.outcome != "found":
         raise click.exceptions.Exit(ExitCode.NO_VERDICT)
-
-
-def answer(tracker: Any, df: Any, goal: Any, pareto_metrics: Optional[tuple[str, str]]) -> Any:
-    """The advice over a run table read from `tracker` (its repetition samples read once per run and metric);
-    bad input ends in one message (exit 2)."""
-    from jbench.analysis.advice import AdviceError, advise as run_advise
-    from jbench.cli.stored import _sample_loader
-    from jbench.tracking.reader import with_current_hashes
-
-    df = with_current_hashes(df) if not df.empty else df
-    loader = _sample_loader(tracker)
-    cached = lru_cache(maxsize=None)(lambda ids, metric: loader(list(ids), metric))
-
-    def samples(run_ids: list[str], metric: str):
-        return cached(tuple(run_ids), metric)
-
-    try:
-        return run_advise(df, goal, samples, pareto_metrics,
-                          (better(pareto_metrics[0]), better(pareto_metrics[1])) if pareto_metrics else None)
-    except AdviceError as exc:
-        raise _fail(str(exc)) from None
 
 
 def _g(v: float, digits: int = 4) -> str:
@@ -239,38 +145,7 @@ def print_advice(result: Any, plot_path: Optional[str] = None) -> None:
         console.print(f"Pareto plot: {plot_path}", highlight=False)
 
 
-def _plot(result, path: str) -> None:
-    """The Pareto plot of the two metrics: every configuration by verdict, the front joined, the best ringed."""
-    import matplotlib
+def _plot(result: Any, path: str) -> None:
+    from jbench.reporting.advice import pareto_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x, y = result.front_metrics
-    fig, ax = plt.subplots(figsize=(7, 5))
-    colours = {"meets": "tab:green", "undecided": "tab:orange", "fails": "tab:red"}
-    points = {}
-    for c in result.candidates:
-        ex, ey = c.values.get(x), c.values.get(y)  # estimated for the front (jbench.analysis.advice.pareto)
-        if ex is None or ey is None or not (ex.known and ey.known):
-            continue
-        points[c.config_hash] = (ex.mean, ey.mean)
-        ax.errorbar(ex.mean, ey.mean, xerr=ex.se if ex.has_spread else None, yerr=ey.se if ey.has_spread else None,
-                    fmt="o", color=colours.get(c.verdict, "grey"), alpha=0.8, capsize=2)
-        ax.annotate(c.label, (ex.mean, ey.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    front = [points[c.config_hash] for c in result.front if c.config_hash in points]
-    if len(front) > 1:
-        fx, fy = zip(*sorted(front))
-        ax.plot(fx, fy, "--", color="black", linewidth=0.8, label="Pareto front")
-    if result.best is not None and result.best.config_hash in points:
-        bx, by = points[result.best.config_hash]
-        ax.scatter([bx], [by], s=250, facecolors="none", edgecolors="black", label="best")
-    for verdict, colour in colours.items():
-        ax.scatter([], [], color=colour, label=verdict)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.set_title(f"{'max' if result.goal.direction > 0 else 'min'} {result.goal.objective}: {result.outcome}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    Path(path).write_bytes(pareto_png(result))

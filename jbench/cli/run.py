@@ -342,7 +342,7 @@ def _execute(plan_, dry_run: bool, fmt: str = "table", search: Optional[dict] = 
 
 def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
     """(Search, Goal, Pareto metrics) for `sweep --search`; bad input ends in one message (exit 2)."""
-    from jbench.cli.advise import goal_from
+    from jbench.cli.goals import goal_from
     from jbench.sweeps.search import Search, SearchSettings, decode_ceiling
 
     if plan_.pool is not None:
@@ -368,7 +368,8 @@ def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
 
 def _search_answer(plan_, searcher, goal, pareto, result, console) -> None:
     """What the search measured, why it stopped, and the advisor's answer over this sweep's runs."""
-    from jbench.cli.advise import answer, print_advice
+    from jbench.cli.advise import print_advice
+    from jbench.cli.goals import answer
     from jbench.tracking.reader import runs_frame
 
     grid = len({t.config_hash for t in plan_.trials})

@@ -122,9 +122,13 @@ def _unknown_experiment(tracker, exc: LookupError) -> "click.exceptions.Exit":
 @click.option("--sweep", "sweep_id", default=None, help="One sweep (jbench.sweep_id) instead of the whole experiment.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--no-log", is_flag=True, help="Do not attach the report to the sweep's parent MLflow run.")
+@click.option("--goal", "goal_spec", default=None,
+              help="Add the advisor's answer for this goal (a shipped name or a YAML file, as `jbench advise --goal`): "
+                   "its table and Pareto plot.")
 @common_options
-def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
-    """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings."""
+def report(experiment, sweep_id, out_dir, no_log, goal_spec, results_dir) -> None:
+    """HTML and markdown report with plots: quant ladder, context scaling, power modes, telemetry, findings (and with
+    --goal the advisor's answer)."""
     from jbench.reporting.report import build_report
     from jbench.tracking.reader import runs_frame, telemetry_frame
 
@@ -142,9 +146,15 @@ def report(experiment, sweep_id, out_dir, no_log, results_dir) -> None:
         experiment = newest["experiment"]
         df = df[df["experiment"] == experiment]
     out = Path(out_dir or Path(tracker.results_dir) / "reports" / (sweep_id or experiment or "all"))
+    advice = None
+    if goal_spec:
+        from jbench.cli.goals import answer, goal_from
+
+        goal, pareto = goal_from(goal_spec, None, None, ())
+        advice = answer(tracker, df, goal, pareto)
     tel = telemetry_frame(tracker, list(df["run_id"]))
     files = build_report(df, _sample_loader(tracker), tel if tel is not None and len(tel) else None,
-                         out_dir=out, title=f"jbench report: {sweep_id or experiment}")
+                         out_dir=out, title=f"jbench report: {sweep_id or experiment}", advice=advice)
     console.print(f"report: {files.html_path}\nsummary: {files.markdown_path}", highlight=False)
     if no_log:
         return

@@ -802,6 +802,26 @@ def _memory(rows: pd.DataFrame) -> _Section:
     return sec
 
 
+def _advice(advice: Any) -> _Section:
+    from jbench.reporting.advice import advice_table, pareto_png
+
+    goal = advice.goal
+    sec = _Section("advice", "Advice: the best configuration under constraints")
+    sec.text = (f"{'Maximise' if goal.direction > 0 else 'Minimise'} {goal.objective}"
+                + (f" subject to {', '.join(str(c) for c in goal.constraints)}" if goal.constraints else "")
+                + f", each configuration meeting them with probability >= {goal.confidence:g}: "
+                + ("BEST: " if advice.outcome == "found" else "NO VERDICT: ") + advice.message + ".")
+    sec.notes = [f"not significantly worse than the best (Welch, alpha {goal.alpha:g}): {c.label}"
+                 for c in advice.runners_up]
+    sec.tables.append(("every configuration: the objective's mean and standard error, P(met) per constraint, the "
+                       "verdict", advice_table(advice)))
+    if advice.front:
+        x, y = advice.front_metrics
+        sec.figures.append(("advice_pareto", pareto_png(advice)))
+        sec.alts["advice_pareto"] = f"{y} against {x}: every configuration by verdict, the Pareto front, the best"
+    return sec
+
+
 def _phase_windows(tel: pd.DataFrame) -> list[tuple[str, float, float]]:
     if "phase" not in tel.columns:
         return []
@@ -961,6 +981,7 @@ def build_report(
     out_dir: str | Path,
     title: str = "jbench report",
     quality_bar: Optional[QualityBar] = None,
+    advice: Any = None,
 ) -> ReportFiles:
     """Write report.html, report.md and the PNGs into out_dir (created); see the module doc.
 
@@ -974,6 +995,8 @@ def build_report(
     quality_bar: the bar of the choice within the quality bar (wins over the runs' quality.max_kld /
     quality.min_same_top_pct params or tags). The quality and memory sections appear only when some finished
     trial has such figures.
+    advice: the advisor's answer over these runs (jbench.analysis.advice.Advice, `jbench report --goal`): a section
+    with its table and, when it has a Pareto front, the plot.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -994,6 +1017,8 @@ def build_report(
         sections.append(_quality(finished, norm, quality_bar))
     if _has(finished, *(c for _, c in MEMORY_COLUMNS)):
         sections.append(_memory(finished))
+    if advice is not None:
+        sections.append(_advice(advice))
     if telemetry is not None:
         sections.append(_telemetry(telemetry, trials))
     sections.append(_findings(df))
