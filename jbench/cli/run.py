@@ -335,9 +335,11 @@ def _execute(plan_, dry_run: bool, fmt: str = "table", search: Optional[dict] = 
                       f"browse them with `jbench ui`", highlight=False, soft_wrap=True)
     if result.failed:
         err_console.print(f"[bold red]{len(result.failed)} of {len(result.outcomes)} trial(s) failed[/]")
-    if searcher is not None:
-        _search_answer(plan_, searcher, goal, pareto, result, console)
-    raise click.exceptions.Exit(result.exit_code)
+    code = result.exit_code
+    if searcher is not None and not _search_answer(plan_, searcher, goal, pareto, result, console) \
+            and code == ExitCode.OK:
+        code = ExitCode.NO_VERDICT  # the search ran, and there is no answer
+    raise click.exceptions.Exit(code)
 
 
 def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
@@ -366,8 +368,8 @@ def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
     return Search(goal, settings, dims=plan_.dims, upper_bound=decode_ceiling, earlier_metrics=earlier), goal, pareto
 
 
-def _search_answer(plan_, searcher, goal, pareto, result, console) -> None:
-    """What the search measured, why it stopped, and the advisor's answer over this sweep's runs."""
+def _search_answer(plan_, searcher, goal, pareto, result, console) -> bool:
+    """What the search measured, why it stopped, and the advisor's answer over this sweep's runs (True: an answer)."""
     from jbench.cli.advise import print_advice
     from jbench.cli.goals import answer
     from jbench.tracking.reader import runs_frame
@@ -378,13 +380,14 @@ def _search_answer(plan_, searcher, goal, pareto, result, console) -> None:
                   f"{searcher.stop_reason}", highlight=False, soft_wrap=True)
     for trial, why in searcher.pruned:
         console.print(f"[cyan]ruled out before running:[/] {escape(trial.label)}: {escape(why)}", highlight=False)
-    if result.tracker is None:
-        return
-    df = runs_frame(result.tracker, [result.experiment], sweep_ids=[result.sweep_id])
-    if df.empty:
-        console.print("search: no trial finished: no answer", highlight=False)
-        return
-    print_advice(answer(result.tracker, df, goal, pareto))
+    df = runs_frame(result.tracker, [result.experiment], sweep_ids=[result.sweep_id]) \
+        if result.tracker is not None else None
+    if df is None or df.empty or "status" not in df.columns or not (df["status"] == "FINISHED").any():
+        console.print("NO VERDICT: the search finished no trial: no answer", highlight=False)
+        return False
+    advice = answer(result.tracker, df, goal, pareto)
+    print_advice(advice)
+    return advice.outcome == "found"
 
 
 def _show_config(what: str, package: Optional[str], overrides, config_dirs, use_grid: bool) -> None:
@@ -519,7 +522,7 @@ def _command(overrides, config_dirs, results_dir, dry_run, fmt, cfg, package, in
 @click.option("--require", "requires", multiple=True, metavar="'METRIC>=VALUE'", help="With --search: a constraint.")
 @click.option("--budget-trials", type=int, default=None, help="With --search: runs to measure at most.")
 @click.option("--budget-time", "budget_s", type=float, default=None, help="With --search: seconds at most.")
-@click.option("--max-runs", type=int, default=3, show_default=True,
+@click.option("--max-runs", type=int, default=2, show_default=True,
               help="With --search: runs of one configuration at most (repeated while its verdict is undecided).")
 @click.option("--patience", type=int, default=None,
               help="With --search: stop after this many configurations without a better feasible one (default: a "

@@ -20,16 +20,22 @@ model file's bytes per token (weights + KV at the trial's depth: decode cannot b
 same ceiling bounds a decode_tps objective: when no cell left unmeasured can beat the incumbent's measured mean,
 the search stops ("no candidate can beat the incumbent").
 
-**Repetitions adapt to the noise**: after a configuration is measured, it is measured again (another run of it: the
-trial as the unit of noise) while it is undecided, up to `max_runs`: its probability of meeting the constraints
-between 1 − confidence and confidence, or its objective not significantly different from the incumbent's (Welch at
-alpha). A configuration clearly feasible and clearly worse, or clearly infeasible, is not measured again. A figure
+**Repetitions adapt to the noise**: a configuration is measured again (another run of it: the trial as the unit of
+noise), up to `max_runs`, while its probability of meeting the constraints is between 1 − confidence and confidence
+(as soon as it is measured), or, once the search settles (its local phase), while it is one of the LEADERS best
+feasible ones and its objective is not significantly different from the incumbent's (Welch at alpha): the near-ties
+that decide the answer, not every configuration on the way. A configuration clearly feasible and clearly worse, or clearly infeasible, is not measured again. A figure
 measured once with no spread of its own (a memory pass runs once per trial) is judged with the pooled relative
-run-to-run spread of the configurations measured more than once (5 % before there are any): noise differs from
-point to point, and each point's own spread is used where it was measured.
+run-to-run spread of the configurations measured more than once, and on its value alone (as the advisor judges it)
+before there is any: noise differs from point to point, and each point's own spread is used where it was measured.
+
+**Then local**: with a trial budget, after GLOBAL_SHARE of it (or, without one, after `patience` new configurations
+without a better feasible one), the search measures the incumbent's neighbours (cells one dimension away: another
+KV type, flash attention on or off, the next quant), following the incumbent when one of them beats it. TPE finds the
+good region; the best is often a near-tie inside it that a one-dimension step reaches.
 
 **Stops** at the trial budget (runs measured), the time budget, when every cell was measured or ruled out, when no
-cell can beat the incumbent (above), or after `patience` new configurations without a better feasible one.
+cell can beat the incumbent (above), or when the incumbent's neighbours are all measured after the global phase.
 """
 
 from __future__ import annotations
@@ -47,6 +53,10 @@ from jbench.core.trial import Trial
 
 log = logging.getLogger("jbench.search")
 
+# With a trial budget, the share of it TPE spends over the whole grid before the local phase (the incumbent's
+# neighbours). On the 144-cell grid of docs/PERFORMANCE.md, TPE alone found the best in 28 of 40 seeds at a 25 % budget.
+GLOBAL_SHARE = 0.67
+LEADERS = 3  # the local phase looks around the best this many feasible configurations (near-ties swap under noise)
 MAX_ASKS = 50  # asks in a row that hit a measured or missing cell before an unmeasured one is enqueued
 
 
@@ -54,7 +64,7 @@ MAX_ASKS = 50  # asks in a row that hit a measured or missing cell before an unm
 class SearchSettings:
     budget_trials: Optional[int] = None  # runs measured at most (repeats included)
     budget_s: Optional[float] = None
-    max_runs: int = 3  # runs of one configuration at most (adaptive repetitions)
+    max_runs: int = 2  # runs of one configuration at most (adaptive repetitions)
     patience: Optional[int] = None  # new configurations without a better feasible one; None: a third of the grid
     seed: int = 0
 
@@ -120,12 +130,11 @@ def violations(goal: Goal, m: Measured) -> list[float]:
     return out
 
 
-DEFAULT_CV = 0.05  # the relative noise assumed for one value before any configuration was measured twice
-
-
-def verdict(goal: Goal, m: Measured, cv: Callable[[str], float] = lambda metric: DEFAULT_CV) -> tuple[str, float]:
-    """(meets | fails | undecided, joint probability) of a configuration from its runs so far (a value without a
-    spread of its own takes the pooled relative noise `cv(metric)`)."""
+def verdict(goal: Goal, m: Measured,
+            cv: Callable[[str], Optional[float]] = lambda metric: None) -> tuple[str, float]:
+    """(meets | fails | undecided, joint probability) of a configuration from its runs so far. A value without a
+    spread of its own takes the pooled relative noise `cv(metric)`; with none known (None) it is judged on the value
+    alone, as the advisor judges it."""
     joint, undecided = 1.0, False
     for c in goal.constraints:
         e = m.estimate(c.metric, cv(c.metric))
@@ -195,6 +204,7 @@ class Search:
             if t.round > 1:
                 continue
             cells[tuple(_label(t.point.get(k)) for k in keys)] = t
+        cell_of = {t.config_hash: c for c, t in cells.items()}
         candidates = []
         for cell, t in cells.items():
             why = self._ruled_out(t)
@@ -213,14 +223,17 @@ class Search:
         patience = self.settings.patience or max(5, len(candidates) // 3)
         since_better, incumbent = 0, None
 
-        while remaining or self._repeat_wanted():
+        while remaining or self._repeat_wanted(settle=True):
             if self.settings.budget_trials is not None and self.runs >= self.settings.budget_trials:
                 self.stop_reason = f"the trial budget ({self.settings.budget_trials} runs) is spent"
                 return
             if self.settings.budget_s is not None and time.monotonic() - started >= self.settings.budget_s:
                 self.stop_reason = f"the time budget ({self.settings.budget_s:g} s) is spent"
                 return
-            again = self._repeat_wanted()
+            budget = self.settings.budget_trials
+            settling = incumbent is not None and (since_better >= patience or (
+                budget is not None and self.runs >= math.ceil(GLOBAL_SHARE * budget)))
+            again = self._repeat_wanted(settle=settling)
             if again is not None:  # adaptive repetitions: the undecided configuration once more
                 m = self.measured[again]
                 self.runs += 1
@@ -229,11 +242,26 @@ class Search:
             if incumbent is not None and self._none_can_beat(incumbent, [cells[c] for c in remaining]):
                 self.stop_reason = "no configuration left unmeasured can beat the incumbent (its decode ceiling)"
                 return
-            if since_better >= patience:
-                self.stop_reason = f"{patience} configurations in a row without a better feasible one"
-                return
-            cell = None
-            for _ in range(MAX_ASKS):
+            cell, ot = None, None
+            if settling:
+                # The local phase: cells near the incumbent (one dimension changed, then two, ...), the most promising
+                # first by an additive model of the measurements (each dimension value's mean objective).
+                score = self._additive(keys, cell_of)
+                leaders = [cell_of[h] for h in self._leaders(LEADERS) if h in cell_of]
+                near: list[tuple] = []
+                radius = 1
+                while not near and radius <= len(keys):
+                    near = [c for c in remaining
+                            if any(sum(a != b for a, b in zip(c, lead)) == radius for lead in leaders)]
+                    radius += 1
+                if not near or (budget is None and radius > 2):
+                    self.stop_reason = (f"{patience} configurations in a row without a better feasible one, and "
+                                        "every neighbour of the incumbent measured")
+                    return
+                cell = max(near, key=lambda c: (score(c), c))
+                study.enqueue_trial(dict(zip(keys, cell)))
+                ot = study.ask(distributions)
+            for _ in range(0 if cell is not None else MAX_ASKS):
                 ot = study.ask(distributions)
                 key = tuple(ot.params[k] for k in keys)
                 if key in remaining:
@@ -244,7 +272,7 @@ class Search:
                     self._tell(study, ot, known)
                 else:
                     study.tell(ot, state=TrialState.FAIL)
-            if cell is None:
+            if cell is None:  # every ask hit a measured or missing cell: an unmeasured one, at random
                 cell = rng.choice(sorted(remaining))
                 study.enqueue_trial(dict(zip(keys, cell)))
                 ot = study.ask(distributions)
@@ -278,9 +306,9 @@ class Search:
             ot.set_constraint(f"c{i}", v)
         study.tell(ot, e.mean)
 
-    def cv(self, metric: str) -> float:
+    def cv(self, metric: str) -> Optional[float]:
         """The pooled relative run-to-run spread of `metric` over the configurations measured more than once (the
-        noise a configuration measured once is judged with); DEFAULT_CV before there is any."""
+        noise a configuration measured once is judged with); None before there are 2 degrees of freedom of it."""
         ss, dof = 0.0, 0
         for m in self.measured.values():
             values = [float(r[metric]) for r in m.runs if metric in r and math.isfinite(float(r[metric]))]
@@ -291,7 +319,31 @@ class Search:
                 continue
             ss += sum(((v - mean) / mean) ** 2 for v in values)
             dof += len(values) - 1
-        return math.sqrt(ss / dof) if dof >= 2 else DEFAULT_CV
+        return math.sqrt(ss / dof) if dof >= 2 else None
+
+    def _additive(self, keys: list[str], cell_of: dict[str, tuple]) -> Callable[[tuple], float]:
+        """cell -> the sum over dimensions of the mean objective (in its better direction) of the measured
+        configurations with that value (0 for a value not measured yet): a cheap additive model of the grid."""
+        sums: dict[tuple[int, str], list[float]] = {}
+        for h, m in self.measured.items():
+            e = m.estimate(self.goal.objective)
+            if not e.known or h not in cell_of:
+                continue
+            for i, v in enumerate(cell_of[h]):
+                sums.setdefault((i, v), []).append(e.mean * self.goal.direction)
+        means = {k: sum(v) / len(v) for k, v in sums.items()}
+        return lambda cell: sum(means.get((i, v), 0.0) for i, v in enumerate(cell))
+
+    def _leaders(self, n: int) -> list[str]:
+        """The n best configurations that meet the constraints so far (the incumbent first)."""
+        ranked = []
+        for h, m in self.measured.items():
+            if verdict(self.goal, m, self.cv)[0] != MEETS:
+                continue
+            e = m.estimate(self.goal.objective)
+            if e.known:
+                ranked.append((e.mean * self.goal.direction, h))
+        return [h for _, h in sorted(ranked, reverse=True)[:n]]
 
     def _incumbent(self) -> Optional[str]:
         """The config hash of the best configuration that meets the constraints so far."""
@@ -304,16 +356,19 @@ class Search:
                 best, best_value = h, e.mean
         return best
 
-    def _repeat_wanted(self) -> Optional[str]:
-        """A measured configuration whose verdict the noise leaves open, with runs to spare."""
+    def _repeat_wanted(self, settle: bool = False) -> Optional[str]:
+        """A measured configuration whose verdict the noise leaves open, with runs to spare: undecided on the
+        constraints (always), or, once the search settles (`settle`: its local phase), one of the leaders whose
+        objective cannot be told apart from the incumbent's."""
         inc = self._incumbent()
+        leaders = set(self._leaders(LEADERS)) if settle else set()
         for h, m in self.measured.items():
             if not m.runs or len(m.runs) + m.failed >= self.settings.max_runs:
                 continue
             v, _ = verdict(self.goal, m, self.cv)
             if v == UNDECIDED:
                 return h
-            if v == MEETS and inc is not None and h != inc:
+            if v == MEETS and inc is not None and h != inc and h in leaders:
                 cv = self.cv(self.goal.objective)
                 a, b = m.estimate(self.goal.objective, cv), self.measured[inc].estimate(self.goal.objective, cv)
                 if (a.mean - b.mean) * self.goal.direction < 0 and not math.isfinite(_welch_p(a, b)):
