@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from jbench.analysis.advice import Estimate, Goal, MEETS, UNDECIDED, _welch_p
-from jbench.core.trial import Trial
+from jbench.core.trial import ChoosesKVTypes, FixedLengths, Trial
 
 log = logging.getLogger("jbench.search")
 
@@ -408,8 +408,7 @@ def decode_ceiling(trial: Trial, metric: str) -> Optional[float]:
     if metric != "decode_tps":
         return None
     cfg = trial.cfg
-    profile = cfg.profile
-    bandwidth = getattr(profile, "memory_bandwidth_gbs", None) if profile is not None else None
+    bandwidth = cfg.profile.memory_bandwidth_gbs if cfg.profile is not None else None
     if not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
         return None
     from pathlib import Path
@@ -424,8 +423,8 @@ def decode_ceiling(trial: Trial, metric: str) -> Optional[float]:
             return None
         model = read_gguf_header(path)
         backend = cfg.backend
-        kv_types = (backend.cache_type_k, backend.cache_type_v) if hasattr(backend, "cache_type_k") else ("f16", "f16")
-        depth = int(backend.depth) if hasattr(backend, "depth") else 0
+        kv_types = (backend.cache_type_k, backend.cache_type_v) if isinstance(backend, ChoosesKVTypes) else ("f16", "f16")
+        depth = backend.depth if isinstance(backend, FixedLengths) else 0
         total = weight_bytes_per_token(model).total + kv_bytes_at_depth(model.arch, depth, *kv_types).swa_aware
     except (ModelError, RooflineError, OSError, ValueError, KeyError):
         return None
