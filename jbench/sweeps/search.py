@@ -198,7 +198,8 @@ class Search:
         started = time.monotonic()
         rng = random.Random(self.settings.seed)
         keys = list(self.dims)
-        labels = {k: [_label(v) for v in self.dims[k]] for k in keys}
+        # The values the planned trials hold (a dimension may be declared as "@device.power_modes", read at planning).
+        labels = {k: list(dict.fromkeys(_label(t.point.get(k)) for t in trials)) for k in keys}
         cells: dict[tuple, Trial] = {}
         for t in trials:
             if t.round > 1:
