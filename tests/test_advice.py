@@ -123,3 +123,15 @@ def test_stated_probabilities_are_calibrated_on_simulated_noise():
     for b, hits in bins.items():
         observed = sum(hits) / len(hits)
         assert abs(observed - (b + 0.5) / 5) < 0.12, (b, observed, len(hits))
+
+
+def test_welch_with_a_tools_error_on_one_side_keeps_the_other_sides_degrees_of_freedom():
+    """A side with a normal error (a tool's standard error) adds no Welch-Satterthwaite term; the other side's few
+    degrees of freedom still widen the test (two runs, se 2, against a tool error 0.1, 5 apart: p about 0.24, not the
+    normal's 0.012)."""
+    from jbench.analysis.advice import Estimate, _welch_p
+
+    runs2 = Estimate(100.0, 2.0, 1, 2, "runs")
+    tool = Estimate(95.0, 0.1, math.inf, 1, "tool error")
+    assert 0.2 < _welch_p(runs2, tool) < 0.3
+    assert _welch_p(Estimate(100.0, 2.0, math.inf, 1, "x"), Estimate(95.0, 0.1, math.inf, 1, "x")) < 0.02

@@ -87,6 +87,12 @@ def test_a_search_sweep_measures_part_of_the_grid_and_ends_with_the_answer(tmp_p
     assert len(parents) == 1  # one sweep run, as for a full grid
     res = jbench_cli(["sweep", "model.quant=Q4_0,Q8_0", "--budget-trials", "3"], env_extra=env)
     assert res.returncode == 2 and "bound a search" in res.stderr
+    # A metric the trials cannot record is refused before any device: it would leave every configuration undecided.
+    res = jbench_cli(["sweep", "model.quant=Q4_0,Q8_0", "quality.enabled=false", "--maximize", "decode_tps",
+                      "--require", "quality_kld_mean<=0.05"], env_extra=env)
+    assert res.returncode == 2 and "add quality.enabled=true" in res.stderr
+    res = jbench_cli(["sweep", "model.quant=Q4_0,Q8_0", "--maximize", "decode_tsp"], env_extra=env)
+    assert res.returncode == 2 and "did you mean decode_tps" in res.stderr
 
 
 @pytest.mark.ssh

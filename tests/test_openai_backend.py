@@ -226,3 +226,29 @@ def test_a_secret_in_the_declaration_is_refused_before_it_is_recorded():
     assert "the argument after --api-key" in problems("backend.command=[vllm,serve,m,--port,'{port}',--api-key,k]")
     assert problems("backend.container.image=x", "backend.container.args=[s,--port,'{port}']",
                     "backend.container.run_args=[--env-file,/home/me/hf.env]") == ""  # a file holding it: fine
+
+
+def test_a_secret_as_flag_value_or_container_environment_is_refused_too():
+    assert "--api-key=... looks like a secret" in problems("backend.command=[vllm,serve,m,--port,'{port}','--api-key=sk']")
+    text = problems("backend.container.image=x", "backend.container.args=[s,--port,'{port}']",
+                    "backend.container.run_args=[-e,'HF_TOKEN=hf_x']")
+    assert "HF_TOKEN=... looks like a secret" in text and "hf_x" not in text
+
+
+def test_two_trials_against_one_server_never_send_the_same_prompt():
+    with StubServer(slots=1, token_delay_s=0.0) as srv:
+        prompts = []
+        for _ in range(2):  # two trials: two senders, the same specs
+            send = Sender(srv.address, api="completions", model=None, seed=0, ignore_eos=True, extra_body={},
+                          timeout_s=30)
+            prompts.append(send.prompts.text(16, send._tag(RequestSpec(index=0, input_tokens=16, output_tokens=2)))[0])
+            send.close()
+    assert prompts[0] != prompts[1]
+
+
+def test_a_serving_trial_that_ran_out_of_memory_does_not_skip_the_next_declaration():
+    from jbench.sweeps.sweep import _oom_key, skipped
+
+    trial = trial_of(stub_command())
+    assert trial.context_tokens == 0  # load levels: no fixed context
+    assert skipped(trial, "k", {}, [(_oom_key(trial), 0, "run-of-a-7b-server")]) is None

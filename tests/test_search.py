@@ -149,3 +149,27 @@ def test_bad_settings_are_named():
         "--budget-trials 0: give at least 1", "--max-runs 0: give at least 1"]
     with pytest.raises(AssertionError):
         assert SearchSettings(patience=0).problems() == []
+
+
+def test_a_fully_measured_grid_with_a_near_tie_ends_without_a_budget():
+    """Two cells, measured, their objectives within noise of each other: the search repeats the tie up to max_runs
+    and ends (it once asked for an unmeasured cell of an empty grid)."""
+    dims = {"model.quant": ["Q4_0", "Q8_0"]}
+    trials = [Trial(1, {}, {}, {"model.quant": "Q4_0"}, "a"), Trial(2, {}, {}, {"model.quant": "Q8_0"}, "b")]
+    s = Search(Goal("decode_tps", 1), SearchSettings(seed=0, max_runs=2), dims=dims)
+    ran = []
+    for t in s.order(trials):
+        ran.append((t.config_hash, t.round))
+        rate = 100.0 if t.config_hash == "a" else 99.0
+        s.observe(Outcome(t, Status.FINISHED, {"decode_tps": rate, "decode_tps_std": 2.0, "decode_repetitions": 5.0}))
+    assert {("a", 1), ("b", 1)} <= set(ran) and all(r <= 2 for _, r in ran)
+    assert ("b", 2) in ran  # the runner-up, not told apart from the best by one run each, measured again
+    assert s.stop_reason == "every configuration of the grid was measured or ruled out"
+
+
+def test_a_metric_the_trials_never_record_is_not_repeated_for():
+    trials = grid()[:4]
+    goal = Goal("decode_tps", 1, (parse_constraint("quality_kld_mean<=0.05"),))
+    s = Search(goal, SearchSettings(seed=0, max_runs=3), dims=DIMS)
+    ran = play(s, trials, random.Random(0))
+    assert len(ran) == 4 and all(t.round == 1 for t in ran)  # each once: a repeat cannot produce the metric

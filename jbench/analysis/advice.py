@@ -231,8 +231,9 @@ def _welch_p(a: Estimate, b: Estimate) -> float:
     from scipy import stats
 
     t = (a.mean - b.mean) / math.sqrt(var)
-    terms = [(e.se ** 2) ** 2 / e.dof for e in (a, b) if e.dof and not math.isinf(e.dof)]
-    dof = var ** 2 / sum(terms) if len(terms) == 2 else math.inf
+    # Welch-Satterthwaite: a side with infinite degrees of freedom (a normal: a tool's error) adds no term.
+    terms = [(e.se ** 2) ** 2 / e.dof for e in (a, b) if e.se > 0 and e.dof and not math.isinf(e.dof)]
+    dof = var ** 2 / sum(terms) if terms else math.inf
     return float(2 * (stats.norm.sf(abs(t)) if math.isinf(dof) else stats.t.sf(abs(t), dof)))
 
 

@@ -353,6 +353,20 @@ def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
         raise _fail("--search chooses among a grid's trials: give an experiment with a grid or comma lists "
                     "(key=a,b)")
     goal, pareto = goal_from(search["goal"], search["maximize"], search["minimize"], tuple(search["requires"]))
+    from jbench.core import metrics as M
+
+    # Before any device: a metric the trials cannot record would leave every configuration undecided.
+    for metric in (goal.objective, *(c.metric for c in goal.constraints)):
+        decl = M.find(metric)
+        if decl is None:
+            import difflib
+
+            close = difflib.get_close_matches(metric, M.declared_names(), n=3)
+            raise _fail(f"--search: '{metric}' is not a metric jbench records (docs/metrics.md)"
+                        + (f"; did you mean {' or '.join(close)}?" if close else ""))
+        if decl.group == "quality" and not any(t.cfg.quality.enabled for t in plan_.trials):
+            raise _fail(f"--search: '{metric}' is measured by the quality pass: add quality.enabled=true (or use "
+                        "+experiment=quant_ladder, which enables it)")
     settings = SearchSettings(budget_trials=search["budget_trials"], budget_s=search["budget_s"],
                               max_runs=search["max_runs"], patience=search["patience"], seed=search["seed"])
     problems = settings.problems()
@@ -380,8 +394,10 @@ def _search_answer(plan_, searcher, goal, pareto, result, console) -> bool:
                   f"{searcher.stop_reason}", highlight=False, soft_wrap=True)
     for trial, why in searcher.pruned:
         console.print(f"[cyan]ruled out before running:[/] {escape(trial.label)}: {escape(why)}", highlight=False)
-    df = runs_frame(result.tracker, [result.experiment], sweep_ids=[result.sweep_id]) \
-        if result.tracker is not None else None
+    # Every run the search used: its own, and those FINISHED earlier that it was answered with (resume).
+    run_ids = [o.run_id for o in result.outcomes if o.run_id]
+    df = runs_frame(result.tracker, [result.experiment], run_ids=run_ids) \
+        if result.tracker is not None and run_ids else None
     if df is None or df.empty or "status" not in df.columns or not (df["status"] == "FINISHED").any():
         console.print("NO VERDICT: the search finished no trial: no answer", highlight=False)
         return False

@@ -619,11 +619,14 @@ class Bisector:
         if differ:
             reps, raw = repetitions_needed(good, bad, self.alpha, minimum=self.repetitions,
                                            maximum=self.max_repetitions)
-            if reps > self.repetitions:
-                # The ends get as many repetitions as a midpoint: the classification compares with them.
-                self.say(f"the ends need {reps} repetitions each to separate a midpoint; measuring {reps - self.repetitions} more")
-                for which, b in ((GOOD, good_b), (BAD, bad_b)):
-                    samples, r = self.measure(b, reps - self.repetitions, f"bisect step {0 if which == GOOD else 1}: "
+            short = reps - min(len(good), len(bad))
+            if short > 0:
+                # The ends get as many repetitions as a midpoint: the classification compares with them. The order
+                # continues the counterbalancing (the trials so far ended on the end the next pair starts with).
+                self.say(f"the ends need {reps} repetitions each to separate a midpoint; measuring {short} more")
+                order = ((GOOD, good_b), (BAD, bad_b)) if k % 2 == 0 else ((BAD, bad_b), (GOOD, good_b))
+                for which, b in order:
+                    samples, r = self.measure(b, short, f"bisect step {0 if which == GOOD else 1}: "
                                               f"{_short(b)} (more repetitions)")
                     trials[which].append(samples)
                     handles[which].append(r)

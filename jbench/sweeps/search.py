@@ -233,30 +233,38 @@ class Search:
             if self.settings.budget_s is not None and time.monotonic() - started >= self.settings.budget_s:
                 self.stop_reason = f"the time budget ({self.settings.budget_s:g} s) is spent"
                 return
+            # Repeats change verdicts (a pooled noise appears, a second run fails a bound): the incumbent is read
+            # afresh every time, never kept from an earlier step.
+            current = self._incumbent()
+            if current != incumbent:
+                incumbent = current
+                since_better = 0 if current is not None else since_better
             budget = self.settings.budget_trials
-            settling = incumbent is not None and (since_better >= patience or (
-                budget is not None and self.runs >= math.ceil(GLOBAL_SHARE * budget)))
+            settling = not remaining or (incumbent is not None and (since_better >= patience or (
+                budget is not None and self.runs >= math.ceil(GLOBAL_SHARE * budget))))
             again = self._repeat_wanted(settle=settling)
             if again is not None:  # adaptive repetitions: the undecided configuration once more
                 m = self.measured[again]
                 self.runs += 1
                 yield dataclasses.replace(m.trial, round=len(m.runs) + m.failed + 1, rounds=self.settings.max_runs)
                 continue
+            if not remaining:
+                break  # every cell measured, no repeat left to decide anything
             if incumbent is not None and self._none_can_beat(incumbent, [cells[c] for c in remaining]):
                 self.stop_reason = "no configuration left unmeasured can beat the incumbent (its decode ceiling)"
                 return
             cell, ot = None, None
-            if settling:
+            if settling and incumbent is not None:
                 # The local phase: cells near the incumbent (one dimension changed, then two, ...), the most promising
                 # first by an additive model of the measurements (each dimension value's mean objective).
                 score = self._additive(keys, cell_of)
                 leaders = [cell_of[h] for h in self._leaders(LEADERS) if h in cell_of]
                 near: list[tuple] = []
-                radius = 1
-                while not near and radius <= len(keys):
+                radius = 0
+                while not near and radius < len(keys):
+                    radius += 1
                     near = [c for c in remaining
                             if any(sum(a != b for a, b in zip(c, lead)) == radius for lead in leaders)]
-                    radius += 1
                 if not near or (budget is None and radius > 2):
                     self.stop_reason = (f"{patience} configurations in a row without a better feasible one, and "
                                         "every neighbour of the incumbent measured")
@@ -369,8 +377,8 @@ class Search:
             if not m.runs or len(m.runs) + m.failed >= self.settings.max_runs:
                 continue
             v, _ = verdict(self.goal, m, self.cv)
-            if v == UNDECIDED:
-                return h
+            if v == UNDECIDED and all(m.estimate(c.metric).known for c in self.goal.constraints):
+                return h  # (a metric the trial does not record stays missing however often it runs)
             if v == MEETS and inc is not None and h != inc and h in leaders:
                 cv = self.cv(self.goal.objective)
                 a, b = m.estimate(self.goal.objective, cv), self.measured[inc].estimate(self.goal.objective, cv)
@@ -425,6 +433,8 @@ def decode_ceiling(trial: Trial, metric: str) -> Optional[float]:
         if not Path(path).is_file():
             return None
         model = read_gguf_header(path)
+        if any("_exps" in name for name, _, _ in model.tensors):
+            return None  # mixture of experts: only routed experts are read, so the full bytes give no upper bound
         backend = cfg.backend
         kv_types = (backend.cache_type_k, backend.cache_type_v) if isinstance(backend, ChoosesKVTypes) else ("f16", "f16")
         depth = backend.depth if isinstance(backend, FixedLengths) else 0

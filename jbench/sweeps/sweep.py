@@ -110,7 +110,9 @@ def skipped(trial: Trial, key: str, done: dict[str, dict], ooms: list[tuple[tupl
                             error="already FINISHED in this experiment (sweep.rerun=true runs it again)",
                             category=Category.RESUMED)
     for oom_key, context, run_id in ooms:
-        if oom_key == _oom_key(run_as or trial) and trial.context_tokens >= context:
+        # A serving backend's trial holds no fixed context (0): one server running out of memory says nothing
+        # about the next declaration's.
+        if trial.context_tokens and oom_key == _oom_key(run_as or trial) and trial.context_tokens >= context:
             return TrialOutcome(trial, Status.SKIPPED, category=Category.OOM_SKIP,
                                 error=(f"skipped: the same model and KV type ran out of memory at context {context} "
                                        f"(run {run_id[:12]}); this trial needs {trial.context_tokens}"))

@@ -208,6 +208,12 @@ class OpenAIBackend(Backend[OpenAIConfig]):
         secret = [f"backend.env.{k}" for k in cfg.env if _SECRET_ENV.search(str(k))]
         items = [*cfg.command, *cfg.container.args, *cfg.container.run_args]
         secret += [f"the argument after {a}" for a, _ in zip(items, items[1:]) if _SECRET_FLAG.match(str(a))]
+        for item in map(str, items):
+            flag, eq, _ = item.partition("=")
+            if eq and _SECRET_FLAG.match(flag):  # --api-key=VALUE
+                secret.append(f"{flag}=...")
+            elif eq and not flag.startswith("-") and _SECRET_ENV.search(flag):  # -e HF_TOKEN=VALUE (a container's)
+                secret.append(f"{flag}=...")
         if secret:
             problems.append(f"{', '.join(secret)} looks like a secret, and jbench records the server's declaration with "
                             "every run: set it in the device's environment instead (the server inherits it), or give "

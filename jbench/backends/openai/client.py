@@ -27,6 +27,7 @@ import math
 import socket
 import threading
 import time
+import uuid
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -285,6 +286,9 @@ class Sender:
         self.ignore_eos, self.extra_body, self.timeout_s = ignore_eos, dict(extra_body), timeout_s
         self.headers, self.prime_path = dict(headers or {}), prime_path
         self.prompts = TextPrompts()
+        # Mixed into every prompt's tag: two trials against one server (a server left running, a search's repeat)
+        # never send the same prompt, so neither reuses the other's prefix cache.
+        self.nonce = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._clients: dict[int, OpenAIClient] = {}
         self._count = 0
@@ -297,11 +301,11 @@ class Sender:
             return c
 
     def _tag(self, spec: RequestSpec) -> int:
-        if spec.session is not None:
-            return zlib.crc32(spec.session.encode())  # a session's turns share their first words
+        if spec.session is not None:  # a session's turns share their first words (within this trial)
+            return zlib.crc32(f"{self.nonce}:{spec.session}".encode())
         with self._lock:
             self._count += 1
-            return zlib.crc32(f"{self.seed}:{self._count}".encode())
+            return zlib.crc32(f"{self.nonce}:{self._count}".encode())
 
     def __call__(self, spec: RequestSpec, worker: int) -> OpenAIRecord:
         if spec.text is not None:

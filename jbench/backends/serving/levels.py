@@ -226,7 +226,8 @@ def run_levels(conn: Connection, cfg: ServingConfig, send: Send, abort: Callable
         log.info("serving level %d: %s %g, %d request(s)", len(levels) + 1, cfg.load, load, len(specs))
         run = loadgen.run_level(send, specs, concurrency=int(load) if cfg.load == "concurrency" else None,
                                 max_in_flight=MAX_IN_FLIGHT, timeout_s=cfg.level_timeout_s,
-                                watch=_watch(cfg.stop_on_saturation), stop=stop, abort=abort)
+                                watch=_watch(cfg.stop_on_saturation), stop=stop, abort=abort,
+                                drain=False)  # an over-saturated level's queue is given up, not waited for
         outcomes = tuple(outcome(s) for s in run.sent)
         done = [o for o in outcomes if o.error is None]
         level = Level(load=float(load), outcomes=outcomes, wall_s=run.end_perf - run.start_perf,
