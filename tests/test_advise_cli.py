@@ -100,7 +100,7 @@ def test_a_search_sweep_measures_part_of_the_grid_and_ends_with_the_answer(tmp_p
 def test_a_search_over_the_emulated_jetsons_power_modes(orin_nano_super_r39, tmp_path, llama_build, bundled_model):
     """`+experiment=power_modes --search` on the emulated Orin Nano Super (real sshd, nvpmodel, jetson_clocks and
     tegrastats as the device has them): the most decode tokens per joule among its power modes with a decode floor,
-    three runs of the six cells, the device's power state restored; a floor above the profile's decode ceiling rules
+    two runs of the six cells, the device's power state restored; a floor above the profile's decode ceiling rules
     every cell out before anything runs."""
     from .test_ssh_devices import write_conf
 
@@ -109,13 +109,13 @@ def test_a_search_over_the_emulated_jetsons_power_modes(orin_nano_super_r39, tmp
     conf = write_conf(tmp_path, emu)
     common = ["sweep", "--config-dir", str(conf), "+experiment=power_modes", "device=emu", "model.quant=Q4_0",
               f"backend.binary_dir={llama_build['bin_dir']}", "backend.n_prompt=16", "backend.n_gen=8",
-              "backend.repetitions=3", "telemetry.source=tegrastats", "telemetry.interval_ms=50",
+              "backend.repetitions=2", "telemetry.source=tegrastats", "telemetry.interval_ms=50",
               "telemetry.idle_s=1", "telemetry.cooldown_s=0", "energy.min_window_s=1", "energy.speed_tolerance=10",
               "quality.enabled=false", "--maximize", "decode_tokens_per_joule", "--seed", "2"]
     env = {"JBENCH_RESULTS_DIR": str(tmp_path / "r")}
-    res = jbench_cli([*common, "--require", "decode_tps>=1", "--budget-trials", "3"], env_extra=env)
+    res = jbench_cli([*common, "--require", "decode_tps>=1", "--budget-trials", "2"], env_extra=env)
     assert res.returncode in (0, 3), res.stdout + res.stderr
-    assert "of 6 configuration(s) measured in 3 run(s)" in res.stdout
+    assert "of 6 configuration(s) measured in 2 run(s)" in res.stdout
     assert ("BEST: " in res.stdout) == (res.returncode == 0)
     after = emu.clock_state()
     assert after["mode_name"] == before["mode_name"] and after["none_locked"], after

@@ -176,7 +176,7 @@ def test_bisect_finds_the_first_slow_build_and_records_every_step(tmp_path, llam
     dirs = _ladder(tmp_path, llama_build["bin_dir"], nosimd_build, ["fast", "fast", "slow", "slow"])
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--results-dir", str(results), "--builds", *dirs, *CONFIG,
-                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
+                       "--repetitions", "3", "--max-repetitions", "4", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 2: {dirs[2]}" in proc.stdout
     runs = _runs(results)
@@ -261,7 +261,7 @@ def test_bisect_over_git_commits_uses_the_per_commit_build_cache(tmp_path, llama
         (bin_dir / "llama-bench").symlink_to(Path(build) / "llama-bench")
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--results-dir", str(results), "--repo", str(repo), "--good", "HEAD~2",
-                       "--bad", "master", *CONFIG, "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"],
+                       "--bad", "master", *CONFIG, "--repetitions", "3", "--max-repetitions", "4", "--end-trials", "2"],
                       env_extra={"JBENCH_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout

@@ -37,7 +37,7 @@ def test_remote_bisect_finds_the_first_slow_build_under_a_restored_power_state(
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(results), "--builds", *dirs,
                        "device=emu", *CONFIG, "power.mode=MAXN_SUPER", "power.jetson_clocks=true",
-                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
+                       "--repetitions", "3", "--max-repetitions", "4", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 2: {dirs[2]}" in proc.stdout
     runs = _runs(results)
@@ -152,7 +152,7 @@ def test_remote_bisect_over_git_commits_uses_the_device_build_cache(orin_nano_su
     results = tmp_path / "results"
     proc = jbench_cli(["bisect", "--config-dir", str(conf), "--results-dir", str(results), "--repo", str(repo),
                        "--good", "HEAD~2", "--bad", "master", "device=emu", *CONFIG,
-                       "--repetitions", "4", "--max-repetitions", "6", "--end-trials", "2"])
+                       "--repetitions", "3", "--max-repetitions", "4", "--end-trials", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD: build 1: {shas[1][:9]}" in proc.stdout
     assert "building llama-bench" not in proc.stderr  # every commit came from the device's cache

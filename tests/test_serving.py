@@ -236,14 +236,14 @@ def tpot_p50_ms(level) -> float:
 @pytest.mark.e2e
 @pytest.mark.alone  # two backends' speeds compared
 def test_the_generic_backend_and_the_llamacpp_backend_agree_on_the_same_server(llama_build, bundled_model):
-    """The same trial (levels, lengths, slots, one thread) through the llama.cpp backend and through the openai backend
-    started from conf/backend/llama_server.yaml, run in alternating pairs (A B A B). Per level, the two backends' mean
-    per-request TPOT p50 differ by no more than the noise: 3x the larger same-backend difference, at least 15 %. (On
-    the 2-core VM they were 15.7 vs 15.9 ms at 1 in flight and 41.7 vs 41.0 ms at 2.)"""
+    """The same trial (2 in flight on 2 slots, one thread) through the llama.cpp backend and through the openai backend
+    started from conf/backend/llama_server.yaml, run in alternating pairs (A B A B): the two backends' mean per-request
+    TPOT p50 differ by no more than the noise, 3x the larger same-backend difference, at least 15 %. (On the 2-core VM
+    they were 41.7 vs 41.0 ms; bench/serving_generic.py measures both levels in 5 pairs.)"""
     from jbench.backends.openai.backend import OpenAIBackend
 
-    llama = make_trial("serving.levels=[1,2]", "serving.requests_per_level=8", "serving.output.mean=16")
-    generic = generic_trial(llama_build, "serving.levels=[1,2]", "serving.requests_per_level=8",
+    llama = make_trial("serving.levels=[2]", "serving.requests_per_level=6", "serving.output.mean=16")
+    generic = generic_trial(llama_build, "serving.levels=[2]", "serving.requests_per_level=6",
                             "serving.output.mean=16")
     log, _ = trial_logger("serving-agree")
     runs: dict[str, list] = {"llamacpp": [], "openai": []}
@@ -256,7 +256,7 @@ def test_the_generic_backend_and_the_llamacpp_backend_agree_on_the_same_server(l
         assert all(o.ok and o.output_tokens == 16 for lv in r.serving_levels for o in lv.outcomes)
         prompts = [o.prompt_tokens for lv in r.serving_levels for o in lv.outcomes]
         assert all(12 <= n <= 20 for n in prompts), prompts  # text of about 16 tokens, counted by the server
-    for level in range(2):
+    for level in range(1):
         tp = {k: [tpot_p50_ms(r.serving_levels[level]) for r in v] for k, v in runs.items()}
         noise = max(abs(v[0] - v[1]) for v in tp.values())
         ref = sum(tp["llamacpp"]) / 2
