@@ -173,3 +173,16 @@ def test_a_metric_the_trials_never_record_is_not_repeated_for():
     s = Search(goal, SearchSettings(seed=0, max_runs=3), dims=DIMS)
     ran = play(s, trials, random.Random(0))
     assert len(ran) == 4 and all(t.round == 1 for t in ran)  # each once: a repeat cannot produce the metric
+
+
+@pytest.mark.e2e  # plans on the bundled model
+def test_the_decode_ceiling_comes_from_the_profiles_bandwidth_and_the_model_file(bundled_model):
+    from jbench.sweeps.plan import plan
+    from jbench.sweeps.search import decode_ceiling
+
+    jetson = plan(["model.quant=Q4_0", "device.profile=orin_nano_super"], use_grid=False).trials[0]
+    ceiling = decode_ceiling(jetson, "decode_tps")
+    # 102 GB/s over the Q4_0 file's bytes per token (about 0.24 GB): a few hundred tokens per second at most.
+    assert 200 < ceiling < 1000
+    assert decode_ceiling(jetson, "prefill_tps") is None  # no ceiling but decode's
+    assert decode_ceiling(plan(["model.quant=Q4_0"], use_grid=False).trials[0], "decode_tps") is None  # no profile

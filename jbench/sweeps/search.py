@@ -433,7 +433,7 @@ def decode_ceiling(trial: Trial, metric: str) -> Optional[float]:
         if not Path(path).is_file():
             return None
         model = read_gguf_header(path)
-        if any("_exps" in name for name, _, _ in model.tensors):
+        if any("_exps" in t.name for t in model.tensors):
             return None  # mixture of experts: only routed experts are read, so the full bytes give no upper bound
         backend = cfg.backend
         kv_types = (backend.cache_type_k, backend.cache_type_v) if isinstance(backend, ChoosesKVTypes) else ("f16", "f16")
