@@ -8,6 +8,7 @@ output quality (`cli/summary.py` `choice_lines`; docs/choosing.md).
 
 from __future__ import annotations
 
+import difflib
 import time
 from typing import Any, Callable, Optional
 
@@ -20,6 +21,7 @@ from jbench.cli.app import (_OVERRIDES, _config_dir_option, _fail, _signals_as_i
                         console, err_console, main)
 from jbench.cli.summary import (EARLIER, RUN_ID_CHARS, Eta, is_earlier, number, print_choice, print_summary,
                                 scenario)
+from jbench.core import metrics as M
 from jbench.core.exitcodes import ExitCode
 from jbench.core.schema import ModelConfig, typed
 from jbench.runner.recorder import preload
@@ -353,14 +355,11 @@ def _searcher(plan_, search: dict, tracker: Callable[[], Any]):
         raise _fail("--search chooses among a grid's trials: give an experiment with a grid or comma lists "
                     "(key=a,b)")
     goal, pareto = goal_from(search["goal"], search["maximize"], search["minimize"], tuple(search["requires"]))
-    from jbench.core import metrics as M
 
     # Before any device: a metric the trials cannot record would leave every configuration undecided.
     for metric in (goal.objective, *(c.metric for c in goal.constraints)):
         decl = M.find(metric)
         if decl is None:
-            import difflib
-
             close = difflib.get_close_matches(metric, M.declared_names(), n=3)
             raise _fail(f"--search: '{metric}' is not a metric jbench records (docs/metrics.md)"
                         + (f"; did you mean {' or '.join(close)}?" if close else ""))
