@@ -82,6 +82,36 @@ def test_the_search_finds_the_constrained_best_with_a_fraction_of_the_grid():
     assert max(used) <= 40 and sum(used) / len(used) < 0.3 * len(trials)
 
 
+def test_the_local_model_ranks_an_interaction_an_additive_model_misses():
+    """Flash attention pays only with a quantized K cache (as on the replayed grid of docs/PERFORMANCE.md): over the
+    measured cells "on" is slower on average, yet the pair (on, q8_0) is the fastest wherever it was measured. The
+    local phase's model ranks the unmeasured cell holding that pair first; an additive model ranks it below its rival."""
+    quants = ["A", "B", "C", "D", "E", "F"]
+    dims = {"backend.flash_attn": ["on", "off"], "backend.cache_type_k": ["f16", "q8_0"], "model.quant": quants}
+    speed = {("on", "f16"): 60.0, ("on", "q8_0"): 90.0, ("off", "f16"): 80.0, ("off", "q8_0"): 82.0}
+    measured = [(fa, k, q) for fa in ("on", "off") for k in ("f16", "q8_0") for q in quants
+                if k == "f16" or q != "F"]
+    s = Search(Goal("decode_tps", +1, ()), SearchSettings(), dims=dims)
+    cell_of = {}
+    for i, cell in enumerate(measured):
+        t = Trial(i + 1, {}, {}, dict(zip(dims, cell)), f"h{i}")
+        s.observe(Outcome(t, Status.FINISHED, {"decode_tps": speed[cell[:2]]}))
+        cell_of[t.config_hash] = cell
+    model = s._model(list(dims), cell_of)
+    target, rival = ("on", "q8_0", "F"), ("off", "q8_0", "F")
+    assert model(target) > model(rival) > model(("on", "f16", "F"))
+
+    def additive(cell):
+        overall = sum(speed[c[:2]] for c in measured) / len(measured)
+        effect = 0.0
+        for i, v in enumerate(cell):
+            values = [speed[c[:2]] for c in measured if c[i] == v]
+            effect += sum(values) / len(values) - overall
+        return overall + effect
+
+    assert additive(target) < additive(rival)  # what the pairs correct
+
+
 def test_a_budget_a_ruled_out_cell_and_a_failed_trial():
     trials = grid()
     # Ruled out before running: anything over 6 bits cannot reach 70 tok/s here (a stand-in for the decode ceiling).

@@ -31,9 +31,10 @@ before there is any: noise differs from point to point, and each point's own spr
 
 **Then local**: with a trial budget, after GLOBAL_SHARE of it (or, without one, after `patience` new configurations
 without a better feasible one), the search measures the cells around the LEADERS best feasible configurations (one
-dimension changed, then two), the most promising first by an additive model of the measurements (each dimension
-value's mean objective). TPE finds the good region; the best is often a near-tie inside it that a step of one
-dimension reaches (on the replayed 144-cell grid of docs/PERFORMANCE.md: 28 of 40 seeds with TPE alone, 37 with it).
+dimension changed, then two), the most promising first by a ridge regression on the measurements (each dimension
+value's effect and each pair of values' interaction). TPE finds the good region; the best is often a near-tie inside
+it that a step of one dimension reaches, and whose value comes from a pair (flash attention with a quantized K cache)
+that an additive model misses (docs/PERFORMANCE.md, "The search against a replayed grid").
 
 **Stops** at the trial budget (runs measured), the time budget, when every cell was measured or ruled out, when no
 cell can beat the incumbent (above), or, without a trial budget, when the cells around the leaders are measured after
@@ -59,6 +60,9 @@ log = logging.getLogger("jbench.search")
 # neighbours). On the 144-cell grid of docs/PERFORMANCE.md, TPE alone found the best in 28 of 40 seeds at a 25 % budget.
 GLOBAL_SHARE = 0.67
 LEADERS = 3  # the local phase looks around the best this many feasible configurations (near-ties swap under noise)
+# The local model's ridge penalties (on the standardised objective): pairs of values shrink more than single values.
+# On the replayed 144-cell grid any of 0.1..1 and 0.5..3 found the best in 93-94 of 100 seeds.
+RIDGE_MAIN, RIDGE_PAIR = 0.5, 2.0
 MAX_ASKS = 50  # asks in a row that hit a measured or missing cell before an unmeasured one is enqueued
 
 
@@ -256,8 +260,8 @@ class Search:
             cell, ot = None, None
             if settling and incumbent is not None:
                 # The local phase: cells near the incumbent (one dimension changed, then two, ...), the most promising
-                # first by an additive model of the measurements (each dimension value's mean objective).
-                score = self._additive(keys, cell_of)
+                # first by the model of the measurements (dimension values' effects and pairs' interactions).
+                score = self._model(keys, cell_of)
                 leaders = [cell_of[h] for h in self._leaders(LEADERS) if h in cell_of]
                 near: list[tuple] = []
                 radius = 0
@@ -332,18 +336,42 @@ class Search:
             dof += len(values) - 1
         return math.sqrt(ss / dof) if dof >= 2 else None
 
-    def _additive(self, keys: list[str], cell_of: dict[str, tuple]) -> Callable[[tuple], float]:
-        """cell -> the sum over dimensions of the mean objective (in its better direction) of the measured
-        configurations with that value (0 for a value not measured yet): a cheap additive model of the grid."""
-        sums: dict[tuple[int, str], list[float]] = {}
+    def _model(self, keys: list[str], cell_of: dict[str, tuple]) -> Callable[[tuple], float]:
+        """cell -> its predicted objective (in its better direction) from the configurations measured so far: a ridge
+        regression on each dimension value (main effects) and each pair of values (interactions), the objective
+        standardised, the pairs penalised more than the main effects (RIDGE_MAIN, RIDGE_PAIR). Fitted jointly, so a
+        pair's effect is not mistaken for a value's. The pairs carry what an additive model misses and a
+        neighbourhood search needs: flash attention pays with a quantized K cache and not without."""
+        import numpy as np
+
+        points = []
         for h, m in self.measured.items():
             e = m.estimate(self.goal.objective)
-            if not e.known or h not in cell_of:
-                continue
-            for i, v in enumerate(cell_of[h]):
-                sums.setdefault((i, v), []).append(e.mean * self.goal.direction)
-        means = {k: sum(v) / len(v) for k, v in sums.items()}
-        return lambda cell: sum(means.get((i, v), 0.0) for i, v in enumerate(cell))
+            if e.known and h in cell_of:
+                points.append((cell_of[h], e.mean * self.goal.direction))
+        if len(points) < 2:
+            return lambda cell: 0.0
+        pairs = [(i, j) for i in range(len(keys)) for j in range(i + 1, len(keys))]
+        columns: dict[tuple, int] = {}
+        for cell, _ in points:
+            for i, v in enumerate(cell):
+                columns.setdefault((i, v), len(columns))
+            for i, j in pairs:
+                columns.setdefault((i, cell[i], j, cell[j]), len(columns))
+
+        def features(cell: tuple) -> list[int]:
+            found = [columns.get((i, v)) for i, v in enumerate(cell)]
+            found += [columns.get((i, cell[i], j, cell[j])) for i, j in pairs]
+            return [c for c in found if c is not None]
+
+        x = np.zeros((len(points), len(columns)))
+        for row, (cell, _) in enumerate(points):
+            x[row, features(cell)] = 1.0
+        y = np.array([v for _, v in points])
+        centre, scale = float(y.mean()), float(y.std()) or 1.0
+        penalty = np.array([RIDGE_MAIN if len(k) == 2 else RIDGE_PAIR for k in columns])
+        coef = np.linalg.solve(x.T @ x + np.diag(penalty), x.T @ ((y - centre) / scale))
+        return lambda cell: centre + scale * float(sum(coef[c] for c in features(cell)))
 
     def _leaders(self, n: int) -> list[str]:
         """The n best configurations that meet the constraints so far (the incumbent first)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from jbench.analysis.stats import percentile
 from jbench.core.results import PhaseResult
 from jbench.backends.base import BackendError
+from jbench.backends.serving.http import EventStream, HTTPClient, RequestError
 
 
 # A fixed English paragraph; its tokens are cycled to build prompts of any length.
@@ -41,14 +41,6 @@ BASE_TEXT = (
 
 
 PERCENTILES = (50, 90, 99)
-
-
-class RequestError(Exception):
-    """A request the server refused or answered with something that is not a token stream."""
-
-    def __init__(self, message: str, category: str = "unparseable_output"):
-        super().__init__(message)
-        self.category = category
 
 
 def build_prompt(prefix: Sequence[int], body: Sequence[int], n_tokens: int, variant: int) -> list[int]:
@@ -170,44 +162,16 @@ def latency_phases(records: Sequence[RequestRecord], n_prompt: int) -> dict[str,
     return phases
 
 
-class StreamingClient:
+class StreamingClient(HTTPClient):
     """A client of llama-server's HTTP API on host:port (the server, or the local end of a tunnel)."""
 
     def __init__(self, host: str, port: int, timeout: float = 300.0):
-        self.host, self.port, self.timeout = host, port, timeout
-        self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def abort(self) -> None:
-        """Break a blocked read from another thread."""
-        sock = self.conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _connect(self) -> None:
-        if self.conn.sock is None:
-            self.conn.connect()
-            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__((host, port), timeout)
 
     def request(self, method: str, path: str, body: Optional[dict] = None) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        try:
-            self._connect()
-            self.conn.request(method, path, body=data, headers=headers)
-            resp = self.conn.getresponse()
-            payload = resp.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            raise
-        if resp.will_close:
-            self.conn.close()
-        return resp.status, payload
+        return self.exchange(method, path, data, headers)
 
     def health(self) -> tuple[int, str]:
         status, payload = self.request("GET", "/health")
@@ -303,27 +267,8 @@ class StreamingClient:
         token that renders as empty text still counts, the final bookkeeping chunk does not."""
         token_times: list[float] = []
         final: dict = {}
-        end = None
-        readline = resp.readline
-        while True:
-            line = readline()
-            if not line:
-                break
-            now = clock()
-            end = now
-            if not line.startswith(b"data:"):
-                if line.startswith(b"error:"):
-                    raise RequestError(f"server error in the stream: {line[:500]!r}", "backend_crash")
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            try:
-                obj = json.loads(payload)
-            except ValueError:
-                raise RequestError(f"unparseable stream chunk: {payload[:300]!r}") from None
-            if "error" in obj:
-                raise RequestError(f"server error in the stream: {str(obj['error'])[:500]}", "backend_crash")
+        stream = EventStream(resp, clock)
+        for now, obj in stream:
             choices = obj.get("choices")
             if choices:
                 choice = choices[0]
@@ -331,8 +276,7 @@ class StreamingClient:
                     token_times.append(now)
             if "usage" in obj or "timings" in obj:
                 final = obj
-        if end is None:
-            raise RequestError("empty response stream", "backend_crash")
+        end = stream.end()
         return token_times, final, end
 
 

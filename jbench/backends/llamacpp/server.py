@@ -9,22 +9,19 @@ Requests and latency metrics: client.py.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import re
-import socket
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from jbench.backends.base import BackendError
-from jbench.backends.serving.process import DeviceServer, pick_free_port, with_env
+from jbench.backends.serving.process import DeviceServer, pick_free_port, request_failures, with_env
 
 __all__ = ["LlamaServer", "server_argv", "default_context", "with_env", "pick_free_port", "build_of",
            "prompt_source_and_props", "run_latency_scenario", "LatencyRun"]
 from jbench.device.connection import Connection
 from jbench.backends.llamacpp.client import (
-    RequestError,
     RequestRecord,
     StreamingClient,
     build_prompt,
@@ -125,26 +122,17 @@ def run_latency_scenario(conn: Connection, argv_for_port: Callable[[int], list[s
     log = log or logging.getLogger("jbench.latency")
     server = LlamaServer(conn, argv_for_port, ready_timeout_s=ready_timeout_s, log=log)
     try:
-        server.start()
-        prefix, body, props = prompt_source_and_props(server, timeout_s)
-        total = warmup_requests + requests
-        prompts = [build_prompt(prefix, body, n_prompt, variant=i) for i in range(total)]
-        warm: list[RequestRecord] = []
-        if warmup_requests:
-            warm, _ = run_requests(server.address, prompts[:warmup_requests], n_gen, 1, timeout_s=timeout_s)
-            log.info("warmup: %d request(s), TTFT %s ms", len(warm), ", ".join(f"{r.ttft_ms:.1f}" for r in warm))
-        records, wall = run_requests(server.address, prompts[warmup_requests:], n_gen, concurrency,
-                                     timeout_s=timeout_s, first_index=warmup_requests)
-    except (RequestError, OSError, http.client.HTTPException) as exc:
-        server.stop()
-        category = "timeout" if isinstance(exc, socket.timeout) else getattr(exc, "category", "backend_crash")
-        raise BackendError(category, f"latency requests failed: {type(exc).__name__}: {exc}",
-                           raw_output=server.log_text()) from None
-    except BackendError as exc:
-        server.stop()
-        if not exc.raw_output:
-            exc.raw_output = server.log_text()
-        raise
+        with request_failures(server, "latency"):
+            server.start()
+            prefix, body, props = prompt_source_and_props(server, timeout_s)
+            total = warmup_requests + requests
+            prompts = [build_prompt(prefix, body, n_prompt, variant=i) for i in range(total)]
+            warm: list[RequestRecord] = []
+            if warmup_requests:
+                warm, _ = run_requests(server.address, prompts[:warmup_requests], n_gen, 1, timeout_s=timeout_s)
+                log.info("warmup: %d request(s), TTFT %s ms", len(warm), ", ".join(f"{r.ttft_ms:.1f}" for r in warm))
+            records, wall = run_requests(server.address, prompts[warmup_requests:], n_gen, concurrency,
+                                         timeout_s=timeout_s, first_index=warmup_requests)
     finally:
         server.stop()
     for r in records:

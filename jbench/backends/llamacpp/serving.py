@@ -11,20 +11,19 @@ seed), so no request reuses another's KV cache and a cache hit never hides a TTF
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
-import socket
 import threading
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from jbench.analysis.serving import Level
-from jbench.backends.base import BackendError
-from jbench.backends.llamacpp.client import RequestError, RequestRecord, StreamingClient, build_prompt
+from jbench.backends.llamacpp.client import RequestRecord, StreamingClient, build_prompt
 from jbench.backends.llamacpp.server import LlamaServer, build_of, prompt_source_and_props
 from jbench.backends.serving import levels, workload
+from jbench.backends.serving.http import ClientPool
+from jbench.backends.serving.process import request_failures
 from jbench.backends.serving.levels import context_size, server_slots, validate
 
 __all__ = ["validate", "server_slots", "context_size", "draft_metrics", "run_serving", "ServingRun"]
@@ -86,14 +85,7 @@ class _Sender:
         self.address, self.prefix, self.body, self.seed, self.timeout_s = address, prefix, body, seed, timeout_s
         self.variant = 0
         self._lock = threading.Lock()
-        self._clients: dict[int, StreamingClient] = {}
-
-    def _client(self, worker: int) -> StreamingClient:
-        with self._lock:
-            c = self._clients.get(worker)
-            if c is None:
-                c = self._clients[worker] = StreamingClient(*self.address, timeout=self.timeout_s)
-            return c
+        self._clients = ClientPool(lambda: StreamingClient(*self.address, timeout=self.timeout_s))
 
     def _variant(self, spec: workload.RequestSpec) -> int:
         if spec.session is not None:
@@ -103,7 +95,7 @@ class _Sender:
             return self.variant
 
     def __call__(self, spec: workload.RequestSpec, worker: int) -> RequestRecord:
-        client = self._client(worker)
+        client = self._clients.get(worker)
         if spec.text is not None:
             prompt: Sequence = client.tokenize(spec.text, add_special=True)
         else:
@@ -112,14 +104,10 @@ class _Sender:
         return client.complete(prompt, spec.output_tokens, index=spec.index, worker=worker, seed=self.seed)
 
     def abort(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.abort()
+        self._clients.abort()
 
     def close(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.close()
+        self._clients.close()
 
 
 
@@ -132,19 +120,12 @@ def run_serving(conn: Connection, argv_for_port: Callable[[int], list[str]], cfg
     server = LlamaServer(conn, argv_for_port, ready_timeout_s=ready_timeout_s, log=log)
     sender: Optional[_Sender] = None
     try:
-        server.start()
-        prefix, body, props = prompt_source_and_props(server, timeout_s)
-        sender = _Sender(server.address, prefix, body, cfg.seed, timeout_s)
-        levels.warm_up(cfg, sender)
-        run = levels.run_levels(conn, cfg, sender, sender.abort, log=log, stop=stop, server_log=server.log_text)
-    except (RequestError, OSError, http.client.HTTPException) as exc:
-        category = "timeout" if isinstance(exc, socket.timeout) else getattr(exc, "category", "backend_crash")
-        raise BackendError(category, f"serving requests failed: {type(exc).__name__}: {exc}",
-                           raw_output=server.log_text()) from None
-    except BackendError as exc:
-        if not exc.raw_output:
-            exc.raw_output = server.log_text()
-        raise
+        with request_failures(server):
+            server.start()
+            prefix, body, props = prompt_source_and_props(server, timeout_s)
+            sender = _Sender(server.address, prefix, body, cfg.seed, timeout_s)
+            levels.warm_up(cfg, sender)
+            run = levels.run_levels(conn, cfg, sender, sender.abort, log=log, stop=stop, server_log=server.log_text)
     finally:
         if sender is not None:
             sender.abort()

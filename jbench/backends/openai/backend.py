@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.client
 import logging
 import re
-import socket
 import string
 import uuid
 from dataclasses import dataclass, field
@@ -29,9 +28,9 @@ from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
 
 from jbench.backends.base import Backend, BackendError, Capabilities, device_model_path
-from jbench.backends.openai.client import APIS, RequestError, Sender, served_models
+from jbench.backends.openai.client import APIS, Sender, served_models
 from jbench.backends.serving import levels
-from jbench.backends.serving.process import DeviceServer, http_get, with_env
+from jbench.backends.serving.process import DeviceServer, http_get, request_failures, with_env
 from jbench.core.results import BackendResult
 from jbench.core.trial import Trial
 from jbench.device.connection import Connection, DeviceError
@@ -332,25 +331,18 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             build.update(server_version=command_version(conn, [str(a).format(**values) for a in cfg.version_command]))
         sender: Optional[Sender] = None
         try:
-            server.start()
-            models = served_models(server.address, cfg.timeout_s)
-            model = cfg.served_model or (models[0] if models else None)
-            log.info("server ready; it serves %s; requests name %s", ", ".join(models) or "no model list",
-                     model or "no model")
-            if cfg.version_path:
-                build.update(server_version_api=path_version(server.address, cfg.version_path))
-            sender = Sender(server.address, api=cfg.api, model=model, seed=load.seed, ignore_eos=cfg.ignore_eos,
-                            extra_body=cfg.extra_body, timeout_s=cfg.timeout_s, prime_path=cfg.health_path)
-            levels.warm_up(load, sender)
-            run = levels.run_levels(conn, load, sender, sender.abort, log=log, server_log=server.log_text)
-        except (RequestError, OSError, http.client.HTTPException) as exc:
-            category = "timeout" if isinstance(exc, socket.timeout) else getattr(exc, "category", "backend_crash")
-            raise BackendError(category, f"serving requests failed: {type(exc).__name__}: {exc}",
-                               raw_output=server.log_text()) from None
-        except BackendError as exc:
-            if not exc.raw_output:
-                exc.raw_output = server.log_text()
-            raise
+            with request_failures(server):
+                server.start()
+                models = served_models(server.address, cfg.timeout_s)
+                model = cfg.served_model or (models[0] if models else None)
+                log.info("server ready; it serves %s; requests name %s", ", ".join(models) or "no model list",
+                         model or "no model")
+                if cfg.version_path:
+                    build.update(server_version_api=path_version(server.address, cfg.version_path))
+                sender = Sender(server.address, api=cfg.api, model=model, seed=load.seed, ignore_eos=cfg.ignore_eos,
+                                extra_body=cfg.extra_body, timeout_s=cfg.timeout_s, prime_path=cfg.health_path)
+                levels.warm_up(load, sender)
+                run = levels.run_levels(conn, load, sender, sender.abort, log=log, server_log=server.log_text)
         finally:
             if sender is not None:
                 sender.abort()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import socket
 import threading
 import time
 import uuid
@@ -32,6 +31,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from jbench.backends.serving.http import ClientPool, EventStream, HTTPClient, RequestError
 from jbench.backends.serving.workload import RequestSpec
 
 # Cycled to write prompts of any length (plain words: about 1.3 tokens each for most English tokenizers; the ratio
@@ -45,14 +45,6 @@ WORDS = (
 ).split()
 
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-
-class RequestError(Exception):
-    """A request the server refused, or answered with something jbench cannot count."""
-
-    def __init__(self, message: str, category: str = "unparseable_output"):
-        super().__init__(message)
-        self.category = category
 
 
 @dataclass
@@ -139,29 +131,8 @@ def read_stream(resp: Any, clock: Callable[[], float] = time.perf_counter) -> tu
     token_times: list[float] = []
     usage: dict = {}
     finish: Optional[str] = None
-    end: Optional[float] = None
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        now = clock()
-        end = now
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            if line.startswith(b"error:"):
-                raise RequestError(f"server error in the stream: {line[:500]!r}", "backend_crash")
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            break
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            raise RequestError(f"unparseable stream chunk: {payload[:300]!r}") from None
-        if not isinstance(obj, dict):
-            raise RequestError(f"unparseable stream chunk: {payload[:300]!r}")
-        if obj.get("error"):
-            raise RequestError(f"server error in the stream: {str(obj['error'])[:500]}", "backend_crash")
+    stream = EventStream(resp, clock)
+    for now, obj in stream:
         for choice in obj.get("choices") or ():
             delta = choice.get("delta") or {}
             text = choice.get("text") or delta.get("content") or delta.get("reasoning_content")
@@ -172,52 +143,24 @@ def read_stream(resp: Any, clock: Callable[[], float] = time.perf_counter) -> tu
             break  # one choice per request (n=1)
         if isinstance(obj.get("usage"), dict):
             usage = obj["usage"]
-    if end is None:
-        raise RequestError("empty response stream", "backend_crash")
+    end = stream.end()
     return token_times, usage, finish, end
 
 
-class OpenAIClient:
+class OpenAIClient(HTTPClient):
     """One connection to the server (or the local end of the device's tunnel); one request at a time."""
 
     def __init__(self, address: tuple[str, int], timeout: float, headers: Optional[Mapping[str, str]] = None,
                  prime_path: Optional[str] = None):
-        self.address, self.timeout = address, timeout
+        super().__init__(address, timeout)
         self.headers = dict(headers or {})
         self.prime_path = prime_path
-        self.conn = http.client.HTTPConnection(*address, timeout=timeout)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def abort(self) -> None:
-        """Break a blocked read from another thread."""
-        sock = self.conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _connect(self) -> None:
-        if self.conn.sock is None:
-            self.conn.connect()
-            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def get_json(self, path: str) -> Any:
         """GET path as JSON (HTTP errors and non-JSON answers raise RequestError)."""
-        try:
-            self._connect()
-            self.conn.request("GET", path, headers=self.headers)
-            resp = self.conn.getresponse()
-            payload = resp.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            raise
-        if resp.will_close:
-            self.conn.close()
-        if resp.status != 200:
-            raise RequestError(f"GET {path} answered HTTP {resp.status}: {payload[:300]!r}")
+        status, payload = self.exchange("GET", path, headers=self.headers)
+        if status != 200:
+            raise RequestError(f"GET {path} answered HTTP {status}: {payload[:300]!r}")
         try:
             return json.loads(payload)
         except ValueError:
@@ -289,16 +232,9 @@ class Sender:
         # Mixed into every prompt's tag: two trials against one server (a server left running, a search's repeat)
         # never send the same prompt, so neither reuses the other's prefix cache.
         self.nonce = uuid.uuid4().hex
-        self._lock = threading.Lock()
-        self._clients: dict[int, OpenAIClient] = {}
+        self._clients = ClientPool(lambda: OpenAIClient(self.address, self.timeout_s, self.headers, self.prime_path))
+        self._lock = threading.Lock()  # the request counter behind each prompt's tag
         self._count = 0
-
-    def _client(self, worker: int) -> OpenAIClient:
-        with self._lock:
-            c = self._clients.get(worker)
-            if c is None:
-                c = self._clients[worker] = OpenAIClient(self.address, self.timeout_s, self.headers, self.prime_path)
-            return c
 
     def _tag(self, spec: RequestSpec) -> int:
         if spec.session is not None:  # a session's turns share their first words (within this trial)
@@ -314,20 +250,16 @@ class Sender:
             prompt, words = self.prompts.text(spec.prefix_tokens + spec.input_tokens, self._tag(spec))
         body = request_body(self.api, self.model, prompt, spec.output_tokens, seed=self.seed,
                             ignore_eos=self.ignore_eos, extra=self.extra_body)
-        record = self._client(worker).stream(APIS[self.api], body, index=spec.index, worker=worker)
+        record = self._clients.get(worker).stream(APIS[self.api], body, index=spec.index, worker=worker)
         record.prompt_words = words
         self.prompts.learn(words, record.prompt_tokens)
         return record
 
     def abort(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.abort()
+        self._clients.abort()
 
     def close(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.close()
+        self._clients.close()
 
 
 def served_models(address: tuple[str, int], timeout_s: float, headers: Optional[Mapping[str, str]] = None) -> list[str]:

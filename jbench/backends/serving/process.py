@@ -20,16 +20,19 @@ the device's 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
+import socket
 import re
 import shlex
 import threading
 import time
 from collections import deque
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from jbench.backends.base import BackendError, looks_oom
+from jbench.backends.serving.http import RequestError
 from jbench.device.connection import CommandTimeout, Connection, DeviceError, PortForward
 
 
@@ -324,6 +327,22 @@ class DeviceServer:
         finally:
             self._stop_process()
             self.log.info("%s stopped", self.name)
+
+
+@contextlib.contextmanager
+def request_failures(server: DeviceServer, what: str = "serving") -> Iterator[None]:
+    """A request that failed (refused, cut, timed out, not countable) becomes the trial's BackendError, with its
+    category and the server's log: what a user reads to see why."""
+    try:
+        yield
+    except (RequestError, OSError, http.client.HTTPException) as exc:
+        category = "timeout" if isinstance(exc, socket.timeout) else getattr(exc, "category", "backend_crash")
+        raise BackendError(category, f"{what} requests failed: {type(exc).__name__}: {exc}",
+                           raw_output=server.log_text()) from None
+    except BackendError as exc:
+        if not exc.raw_output:
+            exc.raw_output = server.log_text()
+        raise
 
 
 class _ServerExited(Exception):
