@@ -6,6 +6,7 @@ llama-server: tests/test_serving.py."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 from pathlib import Path
@@ -195,6 +196,30 @@ def test_a_server_already_running_is_measured_and_left_running():
     unreachable = trial_of("backend.url=http://127.0.0.1:9", "backend.ready_timeout_s=1")
     with pytest.raises(BackendError, match="did not answer GET /health with 200 within 1 s"):
         OpenAIBackend(unreachable.cfg.backend).run(unreachable, LocalConnection(), log)
+
+
+def test_a_server_that_wants_a_key_gets_it_from_the_controllers_environment(monkeypatch, caplog):
+    """backend.api_key_env names a variable of the jbench process; its value goes only into the requests' header."""
+    key = "sk-test-0123456789"
+    monkeypatch.delenv("JBENCH_TEST_API_KEY", raising=False)
+    assert "JBENCH_TEST_API_KEY: that environment variable is not set" in problems(
+        stub_command(), "backend.api_key_env=JBENCH_TEST_API_KEY")
+    assert "give the NAME of an environment variable" in problems(stub_command(), f"backend.api_key_env='{key}'")
+    with StubServer(slots=2, token_delay_s=0.001, api_key=key) as srv:
+        host, port = srv.address
+        without = trial_of(f"backend.url=http://{host}:{port}")
+        with pytest.raises(BackendError, match="HTTP 401"):
+            OpenAIBackend(without.cfg.backend).run(without, LocalConnection(), log)
+        monkeypatch.setenv("JBENCH_TEST_API_KEY", key)
+        trial = trial_of(f"backend.url=http://{host}:{port}", "backend.api_key_env=JBENCH_TEST_API_KEY")
+        assert not OpenAIBackend(trial.cfg.backend).validate(trial)
+        with caplog.at_level(logging.DEBUG):
+            result = OpenAIBackend(trial.cfg.backend).run(trial, LocalConnection(), log)
+        assert [len(lv.outcomes) for lv in result.serving_levels] == [4, 4]
+        assert result.info["served_model"] == "stub-model"  # /v1/models answered with the key too
+        recorded = json.dumps([result.info, result.build, result.metrics, result.command], default=str)
+        assert key not in recorded + result.raw_output + result.raw_stderr + caplog.text
+        assert trial.cfg.backend.api_key_env == "JBENCH_TEST_API_KEY"  # the name is what the config holds
 
 
 def test_a_server_without_usage_fails_the_trial_with_the_reason():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import os
 import re
 import string
 import uuid
@@ -93,6 +94,9 @@ class OpenAIConfig:
     version_path: Optional[str] = field(default=None, metadata={"identity": False})
     ready_timeout_s: float = field(default=600.0, metadata={"identity": False})
     timeout_s: float = field(default=600.0, metadata={"identity": False})
+    # A server that wants a key (vLLM's --api-key, a gateway): the NAME of an environment variable of the jbench
+    # process whose value is sent as `Authorization: Bearer ...`. Only the name is recorded; the value never is.
+    api_key_env: Optional[str] = field(default=None, metadata={"identity": False})
 
 
 class ContainerServer(DeviceServer):
@@ -204,6 +208,13 @@ class OpenAIBackend(Backend[OpenAIConfig]):
             if not str(cfg.vars[name] or "").strip():
                 problems.append(f"backend.vars.{name} is empty and the server's command uses {{{name}}}: set it, "
                                 f"e.g. backend.vars.{name}=...")
+        if cfg.api_key_env is not None:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cfg.api_key_env):
+                problems.append(f"backend.api_key_env '{cfg.api_key_env}': give the NAME of an environment variable "
+                                "(e.g. VLLM_API_KEY), never the key itself")
+            elif not os.environ.get(cfg.api_key_env):
+                problems.append(f"backend.api_key_env={cfg.api_key_env}: that environment variable is not set (or "
+                                "empty) in this shell; export it before the sweep")
         secret = [f"backend.env.{k}" for k in cfg.env if _SECRET_ENV.search(str(k))]
         items = [*cfg.command, *cfg.container.args, *cfg.container.run_args]
         secret += [f"the argument after {a}" for a, _ in zip(items, items[1:]) if _SECRET_FLAG.match(str(a))]
@@ -333,14 +344,16 @@ class OpenAIBackend(Backend[OpenAIConfig]):
         try:
             with request_failures(server):
                 server.start()
-                models = served_models(server.address, cfg.timeout_s)
+                headers = auth_headers(cfg)
+                models = served_models(server.address, cfg.timeout_s, headers)
                 model = cfg.served_model or (models[0] if models else None)
                 log.info("server ready; it serves %s; requests name %s", ", ".join(models) or "no model list",
                          model or "no model")
                 if cfg.version_path:
                     build.update(server_version_api=path_version(server.address, cfg.version_path))
                 sender = Sender(server.address, api=cfg.api, model=model, seed=load.seed, ignore_eos=cfg.ignore_eos,
-                                extra_body=cfg.extra_body, timeout_s=cfg.timeout_s, prime_path=cfg.health_path)
+                                extra_body=cfg.extra_body, timeout_s=cfg.timeout_s, prime_path=cfg.health_path,
+                                headers=headers)
                 levels.warm_up(load, sender)
                 run = levels.run_levels(conn, load, sender, sender.abort, log=log, server_log=server.log_text)
         finally:
@@ -389,6 +402,13 @@ def command_version(conn: Connection, argv: List[str]) -> str:
     if res.returncode != 0:
         return f"unknown ({argv[0]} exited {res.returncode})"
     return text[0][:200] if text else "unknown (no output)"
+
+
+def auth_headers(cfg: OpenAIConfig) -> dict[str, str]:
+    """`Authorization: Bearer <key>` from the controller's environment variable `backend.api_key_env` (validated at
+    plan time); no header without one. The value lives only in the requests' headers."""
+    key = os.environ.get(cfg.api_key_env or "") if cfg.api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def path_version(address: tuple[str, int], path: str) -> str:
