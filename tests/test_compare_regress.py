@@ -509,3 +509,79 @@ def test_configurations_are_checked_per_device():
     assert status == {("nx-1", "hash-a"): "regression", ("nx-2", "hash-a"): "pass"}
     d = json.loads(json.dumps(rep.to_dict()))
     assert d["exit_code"] == 1 and d["counts"] == {"regression": 1, "pass": 1}
+
+
+def test_serving_trials_are_compared_level_by_level_at_the_loads_both_ran():
+    """Two serving configurations (without and with a draft), two trials each: output tok/s and tokens/J per level,
+    matched by load; a load only one side ran is not compared; one trial a side gives a rate and no interval."""
+    from jbench.core.identity import _config_digest, identity_items_from_flat
+
+    rows, series = [], {"serving_level_load": {}, "serving_output_tps": {}, "serving_output_tokens_per_joule": {}}
+    speed = {None: {1: 100.0, 2: 180.0, 4: 300.0}, "Q4_0": {1: 150.0, 2: 250.0, 4: 330.0, 8: 340.0}}
+    for i, (draft, trial) in enumerate(itertools.product((None, "Q4_0"), (0, 1))):
+        params = {"device.name": "local", "backend.name": "llamacpp", "model.name": "gemma3_270m",
+                  "model.quant": "F16", "backend.scenario": "serving", "serving.load": "concurrency",
+                  **({"backend.draft": draft} if draft else {})}
+        run_id = f"r{i}"
+        loads = list(speed[draft])
+        wobble = 1 + (0.01 if trial else -0.01)
+        series["serving_level_load"][run_id] = [float(x) for x in loads]
+        series["serving_output_tps"][run_id] = [speed[draft][x] * wobble for x in loads]
+        # No energy in the last level's window: that level has no tokens/J (NaN), so no sample.
+        series["serving_output_tokens_per_joule"][run_id] = [speed[draft][x] / 100 * wobble for x in loads[:-1]] + [
+            math.nan]
+        row = {"run_id": run_id, "experiment": "serving", "status": "FINISHED",
+               "start_time": T0 + pd.Timedelta(minutes=i), "metrics.serving_output_tps": 1.0,
+               "metrics.serving_output_tokens_per_joule": 1.0, "tags.jbench.kind": "trial",
+               "tags.jbench.sweep_id": "s1", "tags.device.name": "local",
+               "tags.jbench.config_hash": _config_digest(identity_items_from_flat(params)),
+               "tags.jbench.trial_label": f"draft={draft}"}
+        row.update({f"params.{k}": v for k, v in params.items()})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    a, b = df[df["params.backend.draft"].isna()], df[df["params.backend.draft"] == "Q4_0"]
+    result = compare(a, b, series, along=["backend.draft"])
+    t = result.table
+    tps = t[t["metric"] == "serving_output_tps"]
+    assert [lbl.rsplit(" @ ", 1)[1] for lbl in tps["label"]] == ["1 in flight", "2 in flight", "4 in flight"]
+    assert list(tps["change_pct"].round(1)) == [50.0, 38.9, 10.0]
+    assert (tps["n_a"] == 2).all() and (tps["samples"] == "levels").all() and tps["significant"].all()
+    tpj = t[t["metric"] == "serving_output_tokens_per_joule"]
+    assert [lbl.rsplit(" @ ", 1)[1] for lbl in tpj["label"]] == ["1 in flight", "2 in flight"]  # 4: no energy in A
+    md = result.to_markdown()
+    assert "Serving rows (`@ load`): one sample per level run at that load" in md
+    # Through a loader, as `jbench compare` reads the store (one call per series): the same table.
+    loader = lambda ids, name: {i: series.get(name, {})[i] for i in ids if i in series.get(name, {})}  # noqa: E731
+    assert compare(a, b, loader, along=["backend.draft"]).table.equals(t)
+    # One trial a side: the change, and no interval, with the reason.
+    one = compare(a.iloc[:1], b.iloc[:1], series, along=["backend.draft"]).table
+    row = one[one["metric"] == "serving_output_tps"].iloc[0]
+    assert row["change_pct"] == pytest.approx(50.0) and math.isnan(row["ci_low_pct"])
+    assert "1 vs 1 samples" in row["note"]
+
+
+@pytest.mark.slow
+def test_a_key_set_to_null_selects_the_runs_that_do_not_record_it(tmp_path, capsys):
+    """`backend.draft=null` names the trials without a draft (a null config key is not logged as a param); a key no
+    run records is a typo and selects nothing."""
+    import click
+    from mlflow.tracking import MlflowClient
+
+    from jbench.cli.stored import _results_tracker, _selection
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("speculative", artifact_location=str(tmp_path / "artifacts"))
+    ids = {}
+    for name, params in (("plain", {}), ("draft", {"backend.draft": "Q4_0"})):
+        run = client.create_run(exp, tags={"jbench.kind": "trial", "jbench.config_hash": name,
+                                           "jbench.sweep_id": "s1"})
+        for k, v in {"model.quant": "F16", **params}.items():
+            client.log_param(run.info.run_id, k, v)
+        client.set_terminated(run.info.run_id)
+        ids[name] = run.info.run_id
+    tracker = _results_tracker(str(tmp_path))
+    assert list(_selection(tracker, "backend.draft=null")["run_id"]) == [ids["plain"]]
+    assert list(_selection(tracker, "backend.draft=Q4_0")["run_id"]) == [ids["draft"]]
+    with pytest.raises(click.exceptions.Exit):
+        _selection(tracker, "backend.drfat=null")
+    assert "'backend.drfat=null' selects no trial runs" in capsys.readouterr().err

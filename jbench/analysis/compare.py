@@ -62,6 +62,11 @@ BASE_RATES = ("prefill_tps", "decode_tps")
 # Tokens-per-joule metric names: `<phase>_tokens_per_joule[_above_idle]` (also `_tokens_per_j`, `_tpj`) or bare.
 TPJ_RE = re.compile(r"^metrics\.((?:[a-z0-9]+_)?(?:tokens_per_joule|tokens_per_j|tpj)(?:_above_idle)?)$")
 
+# Serving trials (backend.scenario=serving): per-level rates, stepped by level in run order beside the level's load
+# (`serving_level_load`); compared level by level, at the loads both sides ran.
+SERVING_RATES = ("serving_output_tps", "serving_output_tokens_per_joule")
+SERVING_LOAD = "serving_level_load"
+
 Samples = Mapping[str, Mapping[str, Sequence[float]]]
 SamplesArg = Union[None, Samples, Mapping[str, Sequence[float]], Callable[[list[str], str], Mapping[str, Sequence[float]]]]
 
@@ -133,6 +138,33 @@ def samples_for(rows: pd.DataFrame, metric: str, samples: SamplesArg) -> tuple[l
         return [], "runs"
     values = pd.to_numeric(rows[col], errors="coerce").dropna()
     return [float(v) for v in values if math.isfinite(v)], "runs"
+
+
+def _series(samples: Union[Samples, Callable], ids: list[str], name: str) -> Mapping[str, Sequence[float]]:
+    if callable(samples):
+        return samples(ids, name) if ids else {}
+    return samples.get(name, {})
+
+
+def serving_samples(rows: pd.DataFrame, metric: str, samples: SamplesArg) -> dict[float, list[float]]:
+    """{load: the metric's value at every level run at that load} over the given serving runs: a level run again (a
+    capacity search's replicate, another trial of the configuration) adds a sample; a level without the figure (no
+    energy in its window) adds none."""
+    norm = normalize_samples(samples)
+    ids = list(rows["run_id"]) if "run_id" in rows.columns else []
+    loads, values = _series(norm, ids, SERVING_LOAD), _series(norm, ids, metric)
+    out: dict[float, list[float]] = {}
+    for run_id in ids:
+        for load, v in zip(loads.get(run_id, ()), values.get(run_id, ())):
+            if v is not None and math.isfinite(float(v)) and load is not None and math.isfinite(float(load)):
+                out.setdefault(float(load), []).append(float(v))
+    return out
+
+
+def _load_label(rows: pd.DataFrame, load: float) -> str:
+    kind = rows["params.serving.load"].dropna().iloc[-1] if "params.serving.load" in rows.columns and \
+        rows["params.serving.load"].notna().any() else "concurrency"
+    return f"{load:g} req/s" if kind == "rate" else f"{load:g} in flight"
 
 
 def config_label(rows: pd.DataFrame) -> str:
@@ -317,6 +349,10 @@ class Comparison:
                          "no change.")
         notes.append("Samples: per-repetition rates pooled over a configuration's runs (`runs`: one value per run "
                      "where no repetition series exists).")
+        if len(self.table) and (self.table["samples"] == "levels").any():
+            notes.append("Serving rows (`@ load`): one sample per level run at that load (the level as the unit, "
+                         "never its requests, which share the server's state); one trial a side gives no interval: "
+                         "run each configuration in 2 or more trials (sweep.rounds) or replicate its levels.")
         untested = [f"{r.label} {r.metric}: {r.note}" for r in self.table.itertuples(index=False) if r.note]
         if untested:
             notes.append("Not tested: " + "; ".join(untested))
@@ -435,10 +471,13 @@ def compare(
                "(the others held equal)")
         raise CompareError(f"no configuration in common between {counts}{where if diff else ''}{fix}")
     names = list(metrics) if metrics is not None else rate_metrics(ta, tb)
+    serving = [m for m in SERVING_RATES if metrics is None and all(
+        f"metrics.{m}" in t.columns and t[f"metrics.{m}"].notna().any() for t in (ta, tb))]
     samples = normalize_samples(samples)
     if callable(samples):  # a loader: ask once per rate for every run of both selections
         ids = list(dict.fromkeys([*ta["run_id"], *tb["run_id"]]))
-        samples = {f"{m}_rep": dict(samples(ids, f"{m}_rep")) for m in names}
+        wanted = [f"{m}_rep" for m in names] + ([SERVING_LOAD, *serving] if serving else [])
+        samples = {name: dict(samples(ids, name)) for name in wanted}
     order = list(dict.fromkeys(g for g in ga if g in common))
     # configurations that share a label (another device, a key the label leaves out) get their short hash
     names_of = dict(zip(order, _distinct([pairing.labels[("a", g)] for g in order],
@@ -447,16 +486,23 @@ def compare(
     for g in order:
         ra, rb = ta[ga == g], tb[gb == g]
         label, device = names_of[g], _device(rb) or _device(ra)
+        rows_of = []
         for m in names:
             xa, kind_a = samples_for(ra, m, samples)
             xb, kind_b = samples_for(rb, m, samples)
+            rows_of.append((label, m, xa, xb, kind_a if kind_a == kind_b else f"{kind_a}/{kind_b}"))
+        for m in serving:
+            la, lb = serving_samples(ra, m, samples), serving_samples(rb, m, samples)
+            for load in sorted(set(la) & set(lb)):
+                rows_of.append((f"{label} @ {_load_label(rb, load)}", m, la[load], lb[load], "levels"))
+        for row_label, m, xa, xb, kind in rows_of:
             if not xa and not xb:
                 continue
             rt = ratio_test(xa, xb, confidence)
             records.append({
                 "config_hash": ra[CONFIG_HASH].iloc[-1], "config_hash_b": rb[CONFIG_HASH].iloc[-1],
-                "device": device, "label": label, "metric": m,
-                "samples": kind_a if kind_a == kind_b else f"{kind_a}/{kind_b}",
+                "device": device, "label": row_label, "metric": m,
+                "samples": kind,
                 "n_a": len(xa), "n_b": len(xb),
                 "mean_a": float(np.mean(xa)) if xa else math.nan, "mean_b": float(np.mean(xb)) if xb else math.nan,
                 "gmean_a": _gmean(xa), "gmean_b": _gmean(xb),
@@ -474,5 +520,5 @@ def compare(
         return _distinct([pairing.labels[(side, g)] for g in left],
                          [t[groups == g][CONFIG_HASH].iloc[-1] for g in left])
 
-    return Comparison(table, only(ta, ga, "a", set(gb)), only(tb, gb, "b", set(ga)), names, confidence, along,
-                      pairing.not_held)
+    return Comparison(table, only(ta, ga, "a", set(gb)), only(tb, gb, "b", set(ga)), [*names, *serving], confidence,
+                      along, pairing.not_held)

@@ -63,7 +63,8 @@ MIN_PREFIX = 6
 
 def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
     """A sweep id, a run id or a unique prefix of one (as the sweep summary prints it), or KEY=VALUE (a tag, else
-    a param: a config key) -> the trial runs it names (only those of sweep_ids when given)."""
+    a param: a config key; KEY=null: the runs that do not record it) -> the trial runs it names (only those of
+    sweep_ids when given)."""
     import re
 
     from jbench.tracking.reader import runs_frame, with_current_hashes
@@ -75,6 +76,10 @@ def _selection(tracker, spec: str, sweep_ids: tuple[str, ...] = ()):
             every = runs_frame(tracker)
             col = f"params.{tag}"
             df = every[every[col] == value] if col in every.columns else every.iloc[0:0]
+            if df.empty and value.lower() in ("null", "none") and col in every.columns:
+                # A key set to null is not logged: KEY=null selects the runs without it (no draft, no env), among
+                # runs of a store where some run has it (else the key is a typo, and nothing is selected).
+                df = every[every[col].isna()]
     else:
         df = runs_frame(tracker, sweep_ids=[spec])
         if df.empty:
@@ -252,7 +257,7 @@ def compare(a, b, along, sweep_ids, fmt, as_json, results_dir) -> None:
     key_b, _, value_b = b.partition("=")
     # Two values of one config key (a param, not a tag such as backend.build_commit): compared along that key.
     if (not along and value_a and key_a == key_b and value_a != value_b
-            and any(key_a in it for it in identity_rows(df_a))):
+            and any(key_a in it for df in (df_a, df_b) for it in identity_rows(df))):
         along = (key_a,)
     try:
         result = run_compare(df_a, df_b, _sample_loader(tracker), along=along)
