@@ -393,3 +393,24 @@ def test_latency_scenario_over_ssh_tunnel(llama_build, bundled_model, orin_nano)
     rows = records(result)
     assert len(rows) == 2 and all(r["output_tokens"] == 4 and r["prompt_tokens"] == 8 for r in rows)
     assert result.metrics["ttft_ms_p50"] > 0 and result.metrics["e2e_ms_p50"] >= result.metrics["ttft_ms_p50"]
+
+
+def test_the_servers_log_says_which_compute_path_the_roofline_probes():
+    """llama-server's log names its GPU backend as llama-bench's `backends` field does: the latency and serving
+    scenarios record it, so the roofline reads a GPU build's trials against the GPU probe, not the CPU's."""
+    from jbench.backends.llamacpp.server import backends_of
+    from jbench.device.bandwidth import compute_path
+
+    # As llama.cpp CUDA builds print it (ggml_cuda_init, then the model loader placing the model).
+    cuda = ("ggml_cuda_init: GGML_CUDA_FORCE_MMQ:    no\nggml_cuda_init: found 1 CUDA devices:\n"
+            "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes\n"
+            "llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) - 142000 MiB free\n")
+    assert backends_of(cuda) == "CUDA"
+    assert backends_of("llama_model_load_from_file_impl: using device Vulkan0 (Orin) - 7000 MiB free") == "Vulkan"
+    assert backends_of("ggml_cuda_init: no CUDA devices found, CUDA will be disabled\nmain: loading model\n") == "CPU"
+    assert backends_of("") == "CPU"
+
+    class Cfg:
+        name, n_gpu_layers = "llamacpp", 99
+
+    assert compute_path(Cfg(), backends_of(cuda)) == "gpu" and compute_path(Cfg(), backends_of("")) == "cpu"

@@ -415,7 +415,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
                  extra.get("ttft_ms_p50", float("nan")), extra.get("itl_ms_p50", float("nan")),
                  extra.get("e2e_ms_p50", float("nan")), len(run.records), concurrency)
         info = {"scenario": "latency", "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
-                "server_slots": concurrency,
+                "server_slots": concurrency, "backends": server.backends_of(run.server_log),
                 "tokens_source": ",".join(sorted({r.tokens_source for r in run.records}))}
         return BackendResult(phases=client.latency_phases(run.records, cfg.n_prompt),
                              raw_output=run.records_jsonl(), raw_stderr=run.server_log,
@@ -434,7 +434,7 @@ class LlamaCppBackend(Backend[LlamaCppConfig]):
         # No phase speeds: a request's TTFT and TPOT are not a prefill or decode rate (lengths vary, requests share
         # the batch); each level's latencies and throughput are the Serving stage's table.
         slots = serving.server_slots(load)
-        info = {"scenario": "serving", "server_slots": slots,
+        info = {"scenario": "serving", "server_slots": slots, "backends": server.backends_of(run.server_log),
                 "context": run.argv[run.argv.index("-c") + 1] if "-c" in run.argv else None,
                 # Each level's speculative-decoding figures from the server's counters (the Serving stage's table).
                 "serving_draft": [serving.draft_metrics(records) for records in run.level_records]}

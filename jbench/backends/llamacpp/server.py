@@ -109,6 +109,23 @@ def prompt_source_and_props(server: LlamaServer, timeout_s: float) -> tuple[list
         client.close()
 
 
+# llama.cpp's own lines when a GPU backend serves the model: ggml's CUDA init naming its devices, or the model loader
+# placing the model on a device ("using device CUDA0 (NVIDIA ...)"); Vulkan, Metal and SYCL builds print theirs.
+_CUDA_INIT = re.compile(r"ggml_cuda_init: found [1-9]")
+_DEVICE = re.compile(r"using device (CUDA|Vulkan|Metal|SYCL|ROCm)\d")
+
+
+def backends_of(server_log: str) -> str:
+    """What llama-bench reports as `backends`, read from llama-server's log: the GPU backend the model loader placed
+    the model on (CUDA, Vulkan, ...), or CUDA when ggml initialised CUDA devices, else "CPU". The roofline chooses its
+    bandwidth probe by it (jbench.device.bandwidth.compute_path), as for llama-bench trials."""
+    log = server_log or ""
+    m = _DEVICE.search(log)
+    if m:
+        return m.group(1)
+    return "CUDA" if _CUDA_INIT.search(log) else "CPU"
+
+
 def build_of(props: dict) -> dict[str, str]:
     """build_number and build_commit from the server's /props build_info ("b1234-abcdef0"), else empty."""
     m = _BUILD_INFO.search(str(props.get("build_info", "")))
