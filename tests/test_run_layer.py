@@ -236,6 +236,35 @@ def test_a_killed_run_gets_nothing_written_after_the_kill():
     assert not [c for c in store.calls if c[0] == "log" and c[2] == ("decode_tps",)]
 
 
+def test_ctrl_c_while_a_trials_run_is_being_created_kills_that_run_too():
+    """Ctrl-C lands while a worker's trial waits for its run to be created (a slow store): the trial path has no
+    handle yet, so the sweep's list of open runs lacks it. The run must still end KILLED, never stay RUNNING (CI saw a
+    class sweep leave one); and a run created just after the kill is ended KILLED at once."""
+    store = _Store()
+    gate = threading.Event()
+    store.slow_gate = gate
+    gate.set()
+    rec = _recorder(store)
+    rec.flush()
+    gate.clear()  # the store stalls: the next creation waits
+    got = {}
+    worker = threading.Thread(target=lambda: got.setdefault("h", rec.start_trial(_trial(2), {})))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not rec._open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rec.kill_sweep([], "interrupted (Ctrl-C)")  # the open runs the sweep knows of: none
+    gate.set()
+    worker.join(10)
+    late = rec.start_trial(_trial(3), {})  # a worker that checked for the stop just before it was set
+    rec.flush()
+    rec.close()
+    assert got["h"].killed and late.killed
+    ends = [c for c in store.calls if c[0] == "end_run"]
+    assert ("end_run", "run-Q2", "KILLED") in ends and ("end_run", "run-Q3", "KILLED") in ends
+    assert ("end_run", "run-sweep", "KILLED") in ends and len(ends) == 3
+
+
 def test_group_runs_keeps_neighbours_together_within_an_even_share():
     items = [("A", i) for i in range(5)] + [("B", i) for i in range(2)]
     groups = group_runs(items, key=lambda x: x[0], units=2)

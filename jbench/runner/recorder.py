@@ -132,6 +132,10 @@ class Recorder:
         self._closed = False
         self._thread: Optional[threading.Thread] = None
         self._write_behind = write_behind
+        # Trial runs created (or queued for creation) and not finished: Ctrl-C kills each of them, also one whose
+        # trial path has no handle back yet (the sweep's list of open runs lacks it).
+        self._open: list[RunHandle] = []
+        self._kill_reason: Optional[str] = None  # set by kill_sweep: a run created after it is killed at once
 
     # -- the writer ------------------------------------------------------------------------------------
 
@@ -298,9 +302,17 @@ class Recorder:
     def kill_sweep(self, handles: list[RunHandle], reason: str) -> None:
         """Ctrl-C: the open trial runs and the parent end KILLED with what each kept (RunHandle.kept); nothing more is
         written to them."""
+        with self._cond:
+            # A run whose creation is queued (its trial path still waits for the id) is killed too: the writer creates
+            # runs before any queued write, so it has its id when this kill is written.
+            handles = [*handles, *(h for h in self._open if all(h is not k for k in handles))]
+            self._kill_reason = reason
+        self._kill_trials(handles, reason, parent=True)
+
+    def _kill_trials(self, handles: list[RunHandle], reason: str, *, parent: bool = False) -> None:
         for h in handles:
             h.killed = True
-        parent = self.sweep.parent
+        sweep = self.sweep.parent
 
         def kill(t: Tracker) -> None:
             for h in handles:
@@ -308,9 +320,9 @@ class Recorder:
                     t.log(h.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
                     t.log_texts(h.run_id, {k: v for k, v in h.kept.items() if v})
                     t.end_run(h.run_id, "KILLED")
-            if parent.run_id:  # the reason: what a resume records as jbench.resumed_after
-                t.log(parent.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
-                t.end_run(parent.run_id, "KILLED")
+            if parent and sweep.run_id:  # the reason: what a resume records as jbench.resumed_after
+                t.log(sweep.run_id, tags={"jbench.status": "KILLED", "jbench.failure_reason": reason})
+                t.end_run(sweep.run_id, "KILLED")
 
         self._submit(kill)
 
@@ -336,12 +348,16 @@ class Recorder:
         # The run exists before its trial starts (a controller killed mid-trial leaves it RUNNING, for the next
         # start to mark KILLED): creations go before any queued write, so this waits for the store's start (the
         # first time) and the write under way, never for the earlier trials' queued metrics and artifacts.
-        self._submit(start, create=True)
-        with self._cond:
+        with self._cond:  # in the list and in the queue at once: a kill_sweep sees both or neither
+            self._open.append(handle)
+            self._submit(start, create=True)
             while handle.run_id is None and self._error is None:
                 self._cond.wait(0.5)
+            late = self._kill_reason is not None and not handle.killed and handle.run_id is not None
         if self._error is not None:
             self._raise()
+        if late:  # created just after Ctrl-C was recorded: ended KILLED with the sweep, never left RUNNING
+            self._kill_trials([handle], str(self._kill_reason))
         return handle
 
     def measured(self, handle: RunHandle, record: Result) -> None:
@@ -371,6 +387,8 @@ class Recorder:
 
     def finish(self, handle: RunHandle, status: str, tags: dict[str, Any], artifacts: dict[str, str]) -> None:
         """Queue the run's end: its status tags, its artifacts (config.yaml, raw output, trial.log, ...)."""
+        with self._cond:
+            self._open = [h for h in self._open if h is not handle]
         texts = {k: v for k, v in artifacts.items() if v}
 
         def write(t: Tracker) -> None:
