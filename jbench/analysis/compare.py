@@ -117,17 +117,20 @@ def finished_trials(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
+def _series(samples: Union[Samples, Callable], ids: list[str], name: str) -> Mapping[str, Sequence[float]]:
+    """{run_id: values} of a stepped metric, from a loader (asked for these runs) or preloaded samples."""
+    if callable(samples):
+        return samples(ids, name) if ids else {}
+    return samples.get(name, {})
+
+
 def samples_for(rows: pd.DataFrame, metric: str, samples: SamplesArg) -> tuple[list[float], str]:
     """Pooled samples of a rate over the given runs, and their kind ("repetitions" or "runs").
 
     Repetition series (`<metric>_rep`) where recorded for these runs; else the per-run metric values."""
     norm = normalize_samples(samples)
     ids = list(rows["run_id"]) if "run_id" in rows.columns else []
-    stepped = f"{metric}_rep"
-    if callable(norm):
-        series = norm(ids, stepped) if ids else {}
-    else:
-        series = norm.get(stepped, {})
+    series = _series(norm, ids, f"{metric}_rep")
     pooled: list[float] = []
     for run_id in ids:
         pooled.extend(float(v) for v in series.get(run_id, ()) if v is not None and math.isfinite(float(v)))
@@ -138,12 +141,6 @@ def samples_for(rows: pd.DataFrame, metric: str, samples: SamplesArg) -> tuple[l
         return [], "runs"
     values = pd.to_numeric(rows[col], errors="coerce").dropna()
     return [float(v) for v in values if math.isfinite(v)], "runs"
-
-
-def _series(samples: Union[Samples, Callable], ids: list[str], name: str) -> Mapping[str, Sequence[float]]:
-    if callable(samples):
-        return samples(ids, name) if ids else {}
-    return samples.get(name, {})
 
 
 def serving_samples(rows: pd.DataFrame, metric: str, samples: SamplesArg) -> dict[float, list[float]]:
