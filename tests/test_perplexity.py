@@ -74,6 +74,14 @@ def test_fewer_than_100_scored_tokens_is_no_statistics_with_the_count():
     assert "quality.context" in err.value.reason and "quality.chunks" in err.value.reason
 
 
+def test_an_output_cut_after_the_table_header_is_not_called_too_few_tokens():
+    """127 tokens to score, exit 0, the table's header and nothing after (seen once in CI): not "fewer than 100"."""
+    with pytest.raises(PerplexityError) as err:
+        parse_kld_output(capture("kld-Q4_0-c256-cut-short"))
+    assert err.value.kind == "cut_short"
+    assert "ends after its table header" in err.value.reason and "127 tokens" in err.value.reason
+
+
 def test_too_few_scored_is_known_before_running():
     assert too_few_scored(256, 1) is None and too_few_scored(128, 2) is None  # 127, 126: the captures with statistics
     message = too_few_scored(128, 1)  # 63: the capture without

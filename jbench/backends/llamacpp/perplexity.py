@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 TOOL = "llama-perplexity"
-KINDS = ("corpus_too_short", "vocabulary_mismatch", "bad_logits_file", "no_statistics", "crash")
+KINDS = ("corpus_too_short", "vocabulary_mismatch", "bad_logits_file", "no_statistics", "cut_short", "crash")
 MIN_STAT_TOKENS = 100  # perplexity.cpp: `if (kld.count < 100) return;` before the statistics
 LOGITS_MAGIC = b"_logits_"
 # "_logits_", then n_ctx (uint32), n_vocab (int32), n_chunk (int32)
@@ -205,6 +205,11 @@ def parse_kld_output(text: str) -> QualityStats:
         scored = scored_tokens(int(m.group(2)), int(m.group(1)))
     if _KLD_BLOCK not in text:
         if _KLD_TABLE.search(text):
+            if scored is not None and scored >= MIN_STAT_TOKENS:
+                # Seen once in CI: exit 0, the table's header, then nothing (no chunk row, no statistics).
+                raise PerplexityError("cut_short", f"llama-perplexity's output ends after its table header: no chunk "
+                                      f"row and no statistics, although {scored} tokens (>= {MIN_STAT_TOKENS}) were "
+                                      "to be scored")
             got = f" ({scored} scored)" if scored is not None else ""
             raise PerplexityError("no_statistics", f"fewer than {MIN_STAT_TOKENS} tokens scored{got}: llama-perplexity "
                                   "prints its statistics from 100 on; raise quality.context or quality.chunks")

@@ -145,15 +145,23 @@ def measure_quality(backend: Any, trial: Trial, conn: Connection, log: logging.L
                                      cache_type_v=cfg.cache_type_v, flash_attn=cfg.flash_attn
                                      if cfg.flash_attn in ("on", "off") else None, **numerics)
     # The trial's backend.env (as for llama-bench and llama-server); the cached reference is the trial's knobs' no more.
-    res = _run(conn, argv, req.timeout_s, log, "trial pass", env={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in cfg.env.items()})
-    text = res.stdout + "\n" + res.stderr
-    out.artifacts["raw/quality-trial.txt"] = res.stdout + "\n--- stderr ---\n" + res.stderr
-    if res.returncode != 0 or perplexity.refusal(text) is not None:
-        raise _refused(res, "trial pass")
-    try:
-        stats = perplexity.parse_kld_output(text)
-    except perplexity.PerplexityError as exc:
-        raise BackendError("quality", exc.reason, res.stdout, res.stderr) from None
+    env = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in cfg.env.items()}
+    for attempt in (1, 2):
+        res = _run(conn, argv, req.timeout_s, log, "trial pass", env=env)
+        text = res.stdout + "\n" + res.stderr
+        out.artifacts["raw/quality-trial.txt"] = res.stdout + "\n--- stderr ---\n" + res.stderr
+        if res.returncode != 0 or perplexity.refusal(text) is not None:
+            raise _refused(res, "trial pass")
+        try:
+            stats = perplexity.parse_kld_output(text)
+            break
+        except perplexity.PerplexityError as exc:
+            if exc.kind == "cut_short" and attempt == 1:  # once more; the cut output is kept as an artifact
+                log.warning("quality: %s; running the trial pass once more", exc.reason)
+                out.artifacts["raw/quality-trial-cut-short.txt"] = out.artifacts["raw/quality-trial.txt"]
+                out.tags["quality.trial_pass_rerun"] = exc.reason
+                continue
+            raise BackendError("quality", exc.reason, res.stdout, res.stderr) from None
     out.metrics.update(stats.metrics())
     out.metrics["quality_wall_s"] = time.monotonic() - started
     size = conn.run(["stat", "-c", "%s", "--", logits], timeout=60)
