@@ -407,7 +407,7 @@ def command_version(conn: Connection, argv: List[str]) -> str:
 def auth_headers(cfg: OpenAIConfig) -> dict[str, str]:
     """`Authorization: Bearer <key>` from the controller's environment variable `backend.api_key_env` (validated at
     plan time); no header without one. The value lives only in the requests' headers."""
-    key = os.environ.get(cfg.api_key_env or "") if cfg.api_key_env else None
+    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
