@@ -53,9 +53,9 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup
 	@$(BIN)/python -m tests.nosimd_build & build=$$!; status=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=50 || status=$$?; \
 	wait $$build || true; \
-	$(BIN)/python -m pytest -q -m "alone" || { rc=$$?; [ $$status -ne 0 ] || status=$$rc; }; \
+	$(BIN)/python -m pytest -q -m "alone" --durations=10 || { rc=$$?; [ $$status -ne 0 ] || status=$$rc; }; \
 	exit $$status
 
 # The fast tier: no llama.cpp, sshd, labgrid coordinator, jbench subprocess, MLflow server or Chromium, no test over ~3 s,

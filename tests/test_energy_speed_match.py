@@ -14,6 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from jbench.analysis.energy import speed_match, withhold_per_token_energy
+from jbench.runner.measure import MAX_ENERGY_REPETITIONS, pass_repetitions
 
 from .conftest import jbench_cli
 
@@ -29,6 +30,21 @@ def test_speed_match_compares_aggregate_rates():
     slow = speed_match(66.7, 1.0, 151, 10.0, 0.05)  # the loaded AGX Orin of the issue: 15.1 against 66.7
     assert not slow.ok and "15.1 tok/s" in slow.reason and "66.7 tok/s" in slow.reason and "5 %" in slow.reason
     assert not speed_match(10, 0.0, 10, 1.0, 0.05).ok  # an unknown speed never matches
+
+
+def test_a_pass_run_again_is_sized_on_the_fastest_repetition_with_more_margin_each_time():
+    # First pass: 1 s at the speed pass's 10 ms repetitions, 10 % over.
+    assert pass_repetitions(1.0, [0.010], 0) == 110
+    # It ran slower (12 ms), then a second pass faster (6 ms): each growth sizes on the fastest seen, 6 ms, not the
+    # latest, with 1.5x the margin before it. A rate that speeds up by half again between passes still reaches 1 s.
+    first_growth = pass_repetitions(1.0, [0.010, 0.012], 1)
+    assert first_growth == pytest.approx(1.0 * 1.1 * 1.5 / 0.010, abs=1)
+    second = pass_repetitions(1.0, [0.010, 0.012, 0.006], 2)
+    assert second == pytest.approx(1.0 * 1.1 * 1.5 ** 2 / 0.006, abs=1)
+    assert second * 0.006 / 1.5 >= 1.0  # even at 1.5x that rate the window is long enough
+    # A speed-match retry before any growth sizes on the latest pass's own repetitions, as before.
+    assert pass_repetitions(1.0, [0.010, 0.020], 0) == 55
+    assert pass_repetitions(1e9, [1e-6], 2) == MAX_ENERGY_REPETITIONS and pass_repetitions(1e-9, [1.0], 0) == 1
 
 
 def test_withhold_sets_every_per_token_figure_of_the_phase_to_nan():

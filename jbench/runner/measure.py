@@ -38,6 +38,11 @@ MAX_GROWTHS = 2  # an energy pass whose window fell short runs again, grown, at 
 # An energy pass is sized this much over the window it needs: repetitions vary and llama-bench's gaps between them
 # are not in the window.
 PASS_MARGIN = 1.1
+# A pass run again because its window fell short is sized on the fastest repetition seen so far, this much more
+# margin each time: on a loaded controller the rate moves between passes (CI: three passes in a row, each sized
+# from the one before it, came out short, the last at 0.71 s of a 1 s minimum). A longer window costs seconds;
+# one too short gives no energy at all.
+GROWTH_MARGIN = 1.5
 # How often an adaptive idle or cooldown wait looks at the readings.
 SETTLE_POLL_S = 0.05
 
@@ -186,6 +191,16 @@ def _needs_energy_pass(ctx: TrialContext, sampler: Sampler, w: PhaseWindow, ener
     return needed, why
 
 
+def pass_repetitions(needed_s: float, rep_times: list[float], grown: int) -> int:
+    """Repetitions for an energy pass whose window must reach `needed_s`. The first pass (grown=0) is sized on the
+    latest per-repetition time (the speed pass's settled median); a pass run again because its window fell short
+    on the fastest repetition seen in any pass, with GROWTH_MARGIN more margin each time, so a rate that sped up
+    between passes cannot leave it short again."""
+    rep_s = rep_times[-1] if grown == 0 else min(rep_times)
+    margin = PASS_MARGIN * GROWTH_MARGIN ** grown
+    return min(MAX_ENERGY_REPETITIONS, max(1, math.ceil(needed_s * margin / rep_s)))
+
+
 def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], phase: str, speed: PhaseResult,
                  speed_window: PhaseWindow, needed_s: float, why: str, energy: EnergySettings,
                  artifacts: dict[str, str], sources: dict[str, str]) -> tuple[PhaseWindow, Optional[SpeedMatch]]:
@@ -203,9 +218,9 @@ def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], p
     grown = retries = 0
     # Seconds per repetition: the speed pass's settled median first, then as each energy pass ran, from its tokens
     # (a backend may report a whole pass as one sample, so its samples say nothing about one repetition).
-    rep_s = max(1e-6, statistics.median(speed.samples_ns) / 1e9 if speed.samples_ns else speed_window.duration)
+    rep_times = [max(1e-6, statistics.median(speed.samples_ns) / 1e9 if speed.samples_ns else speed_window.duration)]
     while True:
-        reps = min(MAX_ENERGY_REPETITIONS, max(1, math.ceil(needed_s * PASS_MARGIN / rep_s)))
+        reps = pass_repetitions(needed_s, rep_times, grown)
         log.info("energy pass: %s (%s): %d repetitions for a %.3g s window", phase, why, reps, needed_s)
         extra = ctx.backend.run(ctx.trial, ctx.conn, log, only_phase=phase, repetitions=reps)
         artifacts[f"raw/energy-pass-{phase}.txt"] = extra.raw_output
@@ -215,7 +230,7 @@ def _energy_pass(ctx: TrialContext, sampler: Sampler, wall: Optional["_Wall"], p
             break
         w = got
         if w.tokens > 0 and w.duration > 0 and speed.n_tokens > 0:
-            rep_s = max(1e-6, w.duration * speed.n_tokens / w.tokens)
+            rep_times.append(max(1e-6, w.duration * speed.n_tokens / w.tokens))
         match = speed_match(speed.tokens_in_window, sum(speed.samples_ns) / 1e9, w.tokens, w.duration,
                             cfg.speed_tolerance)
         sources[phase] = f"an energy pass of {reps} repetitions ({why} in the speed pass)"
