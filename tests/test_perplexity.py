@@ -292,3 +292,71 @@ def test_real_passes_on_the_ladder(llama_build, bundled_model, tmp_path):
     assert stats.quality_scored_tokens == 127
     assert stats.quality_kld_mean > 0 and 0 < stats.quality_same_top_pct <= 100
     assert stats.quality_ppl_base == pytest.approx(base["ppl"], rel=1e-3)
+
+
+
+REPLAY_BIN = Path(__file__).parent / "fixtures" / "replay_llama_perplexity"
+
+
+def _quality_pass(tmp_path: Path, outputs: list[str]):
+    """measure_quality of a planned Q4_0 trial on this machine, llama-perplexity replaying `outputs`, the reference
+    logits already in the cache (so only the trial pass runs). Returns what it found and each call's arguments."""
+    import logging
+
+    import gguf
+
+    from jbench.backends.llamacpp.backend import LlamaCppBackend
+    from jbench.backends.llamacpp.quality import measure_quality
+    from jbench.core.quality import QualityRequest
+    from jbench.device.local import LocalConnection
+    from jbench.sweeps.plan import plan
+
+    model = tmp_path / "m.gguf"  # a header-only GGUF: the plan reads it, the stand-in never does
+    writer = gguf.GGUFWriter(str(model), "gemma3")
+    writer.add_context_length(32768)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    for i, name in enumerate(outputs, start=1):
+        (replay / f"out-{i}.txt").write_text(capture(name), encoding="utf-8")
+    p = plan(["model.quant=Q4_0", "model.source=files", f"+model.files.Q4_0={model}", "quality.enabled=false",
+              f"backend.binary_dir={REPLAY_BIN}",
+              f"+backend.env.PPL_REPLAY_DIR={replay}"], use_grid=False)
+    assert not p.problems, p.problems
+    trial = p.trials[0]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ref-k.kld").write_bytes(b"logits")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text\n")
+    req = QualityRequest(corpus_path=str(corpus), corpus_sha256="0" * 64, corpus_name="corpus", context=256,
+                         chunks=1, reference_quant="F16", reference_model_path=str(model), reference_key="k",
+                         identity="i", cache_dir=str(cache))
+    with LocalConnection() as conn:
+        out = measure_quality(LlamaCppBackend(trial.cfg.backend), trial, conn, logging.getLogger("test.quality"), req)
+    return out, (replay / "calls.txt").read_text().splitlines()
+
+
+def test_a_trial_pass_cut_short_runs_once_more_and_keeps_the_cut_output(tmp_path):
+    out, calls = _quality_pass(tmp_path, ["kld-Q4_0-c256-cut-short", "kld-Q4_0-c256"])
+    assert len(calls) == 2 and calls[0] == calls[1] and "--kl-divergence" in calls[0]
+    # The second pass's statistics, the first pass's cut output kept, and the rerun said on the run.
+    assert out.metrics == pytest.approx({**parse_kld_output(capture("kld-Q4_0-c256")).metrics(),
+                                         "quality_wall_s": out.metrics["quality_wall_s"],
+                                         "quality_reference_logits_mib": 6 / (1 << 20)})
+    assert "ends after its table header" in out.tags["quality.trial_pass_rerun"]
+    assert out.artifacts["raw/quality-trial-cut-short.txt"].startswith(
+        "\n--- stderr ---\n" + capture("kld-Q4_0-c256-cut-short")[:40])
+    assert "chunk             PPL" in out.artifacts["raw/quality-trial.txt"]
+
+
+def test_a_trial_pass_cut_short_twice_fails_the_trial_with_that_reason(tmp_path):
+    from jbench.backends.base import BackendError
+
+    with pytest.raises(BackendError) as err:
+        _quality_pass(tmp_path, ["kld-Q4_0-c256-cut-short", "kld-Q4_0-c256-cut-short"])
+    assert err.value.category == "quality" and "ends after its table header" in str(err.value)
+    assert len((tmp_path / "replay" / "calls.txt").read_text().splitlines()) == 2
