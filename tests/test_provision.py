@@ -104,6 +104,7 @@ def test_builds_compile_through_ccache_kept_in_the_jbench_cache(tmp_path, monkey
         pytest.fail("ccache is not installed: `apt-get install ccache` (.ci/run installs it)")
     cache = tmp_path / "cache"
     monkeypatch.setenv("JBENCH_CACHE_DIR", str(cache))
+    monkeypatch.delenv("CCACHE_DIR", raising=False)  # .ci/run sets one for the whole run (next test)
     builds = provision.paths.llamacpp_builds_dir()
     src = _tiny_project(builds / "src")
     env = dict(os.environ, CCACHE_DIR=str(provision.ccache_dir()))
@@ -123,6 +124,17 @@ def test_builds_compile_through_ccache_kept_in_the_jbench_cache(tmp_path, monkey
                                                                             + stats["preprocessed_cache_hit"])
     misses = after["cache_miss"] - stats["cache_miss"]
     assert (hits, misses) == (1, 1), after  # main.c from the cache (another build directory), variant.c compiled
+
+
+def test_a_ccache_dir_the_user_set_is_the_one_builds_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("JBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "mine"))
+    assert provision.ccache_dir() == tmp_path / "mine"
+    if shutil.which("ccache"):
+        _, env = provision._compiler_cache()
+        assert env["CCACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.setenv("CCACHE_DIR", "")  # set but empty: as if unset
+    assert provision.ccache_dir() == tmp_path / "cache" / "ccache"
 
 
 def test_without_ccache_builds_compile_directly(monkeypatch):

@@ -184,8 +184,12 @@ def cmake_args(commit: str, use_cuda: bool) -> list[str]:
 
 
 def ccache_dir() -> Path:
-    """ccache's cache of llama.cpp compilations: inside jbench's cache, so a fresh $JBENCH_CACHE_DIR starts cold."""
-    return paths.cache_dir() / "ccache"
+    """ccache's cache of llama.cpp compilations: $CCACHE_DIR where the user set it (ccache's own setting: one cache
+    for all their builds, kept across fresh jbench caches, as a CI machine keeps it), else inside jbench's cache, so
+    a fresh $JBENCH_CACHE_DIR starts cold. Either way every build configures, compiles and links in full: ccache
+    returns only object files the compiler made for the same preprocessed source and flags."""
+    own = os.environ.get("CCACHE_DIR", "").strip()
+    return Path(own).expanduser() if own else paths.cache_dir() / "ccache"
 
 
 def _compiler_cache() -> tuple[list[str], Optional[dict]]:
