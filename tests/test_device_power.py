@@ -57,6 +57,32 @@ def test_clocks_on_then_off_across_modes_leaves_nothing_locked(emulated_jetson_f
 
 
 @pytest.mark.ssh
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, PowerStateError])
+def test_a_save_stopped_before_its_state_file_is_written_leaves_no_clocks_store(orin_nano_super_r39, stop):
+    """Ctrl-C (or a failed write) between `jetson_clocks --store` and the state file that names the store: nothing
+    would restore from that store or remove it (a CI run found one left), so the save removes it itself."""
+    from pathlib import Path
+
+    emu = orin_nano_super_r39
+    cfg = device_cfg(emu)
+    cache = Path(emu.home) / ".cache" / "jbench"
+    with connect(cfg) as conn:
+        power = PowerStrategy(conn, cfg)
+
+        def stopped(state):
+            assert Path(conn.expand_path(state["clocks_store"])).exists()  # stored, not yet recorded
+            raise stop("stopped here")
+
+        power._write_state_file = stopped
+        with pytest.raises(stop):
+            power.save_original()
+        assert not list(cache.glob("jetson_clocks-*")) and not list(cache.glob("power-state-*.json"))
+        # The next save stores and records afresh.
+        PowerStrategy(conn, cfg).save_original()
+        assert len(list(cache.glob("jetson_clocks-*.store"))) == 1 and len(list(cache.glob("power-state-*.json"))) == 1
+
+
+@pytest.mark.ssh
 def test_verify_fails_naming_the_part_that_is_still_locked(orin_nano_super_r39):
     emu = orin_nano_super_r39
     cfg = device_cfg(emu)

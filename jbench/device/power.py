@@ -239,6 +239,14 @@ class PowerStrategy:
             raise PowerStateError(f"cannot write the power state file {path} on '{self.conn.name}': {res.stderr.strip()}")
         self._state = state
 
+    def _drop_unrecorded_store(self, store: str) -> None:
+        try:
+            state = self._read_state_file()
+            if state is None or state.get("clocks_store") != store:
+                self.conn.run(["rm", "-f", "--", store], timeout=30)
+        except Exception as exc:  # the connection is gone too: the cause (raised by the caller) is what matters
+            self.log.warning("power: could not remove %s on %s: %s", store, self.conn.name, exc)
+
     def _owner(self) -> dict:
         return {"host": socket.gethostname(), "pid": os.getpid(), "sweep_id": self.sweep_id,
                 "boot_id": self._boot_id(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -274,18 +282,24 @@ class PowerStrategy:
         snap = self.current()
         store = self.conn.expand_path(self.clocks_file)
         self.conn.run(["mkdir", "-p", store.rsplit("/", 1)[0]], timeout=30)
-        res = self._sudo(["jetson_clocks", "--store", store], timeout=60)
-        if res.returncode != 0:
-            raise PowerStateError(f"`jetson_clocks --store {store}` failed on '{self.conn.name}': "
-                                  f"{(res.stderr.strip() + ' ' + res.stdout.strip()).strip()}")
-        self._write_state_file({
-            "version": STATE_VERSION, "device": self.config.name, "original": snap.as_dict(),
-            "clocks_store": store,
-            # A store of an unlocked state is what unlocks later (in any mode: the mode is re-applied after it).
-            "unlocked_store": store if snap.locks.none else None,
-            "unlocked_store_mode": snap.mode if snap.locks.none else None,
-            "owner": self._owner(),
-        })
+        try:
+            res = self._sudo(["jetson_clocks", "--store", store], timeout=60)
+            if res.returncode != 0:
+                raise PowerStateError(f"`jetson_clocks --store {store}` failed on '{self.conn.name}': "
+                                      f"{(res.stderr.strip() + ' ' + res.stdout.strip()).strip()}")
+            self._write_state_file({
+                "version": STATE_VERSION, "device": self.config.name, "original": snap.as_dict(),
+                "clocks_store": store,
+                # A store of an unlocked state is what unlocks later (in any mode: the mode is re-applied after it).
+                "unlocked_store": store if snap.locks.none else None,
+                "unlocked_store_mode": snap.mode if snap.locks.none else None,
+                "owner": self._owner(),
+            })
+        except BaseException:
+            # Failed or stopped (Ctrl-C, seen in CI) before a state file names the store: nothing would ever restore
+            # from it or remove it, so it goes now, unless the state file did get written.
+            self._drop_unrecorded_store(store)
+            raise
         self.log.info("power: saved original state of %s: mode %s (%s), jetson_clocks %s, fan pwm %s",
                       self.conn.name, snap.mode, snap.mode_id, snap.locks.describe(), snap.fan_pwm)
         return snap
